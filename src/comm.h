@@ -1,0 +1,135 @@
+/*
+ * Comm objects shared by conn.c (building them) and p2p.c (moving data).
+ * A send comm and a recv comm are the two ends of one connection: the same
+ * RC QPs carry payload one way and clear-to-send records the other.
+ */
+#ifndef ERDMA_COMM_H
+#define ERDMA_COMM_H
+
+#include "device.h"
+#include "wire.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum comm_kind { COMM_LISTEN = 0x4c49534e, COMM_SEND = 0x53454e44, COMM_RECV = 0x52454356 };
+
+#define ERDMA_RQ_DEPTH  64 /* per QP: >= 2 completions per FIFO slot */
+#define ERDMA_SEND_REQS (ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS)
+#define ERDMA_RECV_REQS (2 * ERDMA_FIFO_DEPTH) /* receives and flushes */
+
+struct comm_base {
+    uint32_t kind;
+    struct erdma_device *dev;
+};
+
+/* Returns the device of a listen/send/recv comm, or NULL (WARNed) for anything else. */
+struct erdma_device *comm_device(void *comm);
+
+struct qp_ctx {
+    struct ibv_qp *qp;
+    struct rdma_cm_id *cm_id; /* rdma_cm mode only */
+    int sq_depth;
+    int sq_used;
+    int max_inline;
+    /* WRs retired by each signaled completion still in flight, in posting order */
+    uint16_t sig_ring[ERDMA_MAX_SQ_WR];
+    int sig_head, sig_tail;
+};
+
+enum req_type { REQ_FREE = 0, REQ_SEND, REQ_RECV, REQ_FLUSH };
+
+struct erdma_request {
+    uint32_t type;
+    void *comm;
+    bool done;
+    int n;
+    uint64_t sizes[ERDMA_MAX_RECVS];
+    uint32_t seq;
+};
+
+/* One connection end: what conn.c sets up and p2p.c uses. */
+struct conn {
+    struct comm_base base;
+    int fd; /* out-of-band TCP, kept open to notice a dead peer */
+    char peer[64];
+    struct ibv_cq *cq;
+    int cq_depth;
+    int nqps;
+    struct qp_ctx qps[ERDMA_MAX_QPS];
+    enum completion_mode completion;
+    bool split;
+    void *ctrl; /* registered control region (FIFO / records / ring) */
+    size_t ctrl_len;
+    struct ibv_mr *ctrl_mr;
+    uint64_t remote_ctrl_addr;
+    uint32_t remote_ctrl_rkey;
+    uint32_t max_msg; /* largest single RDMA write, both ends agree */
+    int error;        /* sticky -errno once the connection is broken */
+    uint64_t polls_since_check;
+    struct rdma_event_channel *cm_ch;
+};
+
+struct send_slot {
+    uint32_t seq;
+    int n;       /* buffers in the peer's receive */
+    int matched; /* isends posted against it */
+    int pending; /* completions still expected (one per QP used) */
+    bool posted;
+    struct {
+        struct erdma_request *req;
+        void *data;
+        uint64_t size;
+        uint32_t lkey;
+    } sends[ERDMA_MAX_RECVS];
+};
+
+struct send_comm {
+    struct conn c;
+    struct wire_cts *fifo;       /* [FIFO_DEPTH][MAX_RECVS], written by the peer */
+    struct wire_record *records; /* [FIFO_DEPTH] staging for non-inline records */
+    uint32_t fifo_seq;           /* next slot isends match against */
+    uint32_t post_seq;           /* next slot to post */
+    struct send_slot slots[ERDMA_FIFO_DEPTH];
+    struct erdma_request reqs[ERDMA_SEND_REQS];
+};
+
+struct recv_slot {
+    uint32_t seq;
+    struct erdma_request *req;
+    int expected;
+    int got;
+    uint64_t posted_sizes[ERDMA_MAX_RECVS];
+};
+
+struct recv_comm {
+    struct conn c;
+    struct wire_record *rec_area; /* [FIFO_DEPTH], written by the peer (imm mode) */
+    struct wire_cts *cts;         /* [FIFO_DEPTH][MAX_RECVS] staging */
+    struct wire_record *ring;     /* [nqps][RQ_DEPTH] send-mode receive buffers */
+    uint8_t *flush_buf;
+    uint32_t seq;
+    struct recv_slot slots[ERDMA_FIFO_DEPTH];
+    struct qp_ctx flush_qp;
+    bool flush_ready;
+    struct erdma_request reqs[ERDMA_RECV_REQS];
+};
+
+/* Control region layouts (offsets inside conn.ctrl). */
+#define SEND_CTRL_FIFO    0
+#define SEND_CTRL_RECORDS (ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS * sizeof(struct wire_cts))
+#define SEND_CTRL_LEN     (SEND_CTRL_RECORDS + ERDMA_FIFO_DEPTH * sizeof(struct wire_record))
+#define RECV_CTRL_RECORDS 0
+#define RECV_CTRL_CTS     (ERDMA_FIFO_DEPTH * sizeof(struct wire_record))
+#define RECV_CTRL_FLUSH                                                                            \
+    (RECV_CTRL_CTS + ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS * sizeof(struct wire_cts))
+#define RECV_CTRL_RING (RECV_CTRL_FLUSH + 64)
+#define RECV_CTRL_LEN(nqps)                                                                        \
+    (RECV_CTRL_RING + (size_t)(nqps)*ERDMA_RQ_DEPTH * sizeof(struct wire_record))
+
+/* p2p.c, called by conn.c once a connection is up */
+int p2p_recv_post_initial(struct recv_comm *rc);
+int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot);
+void conn_destroy_common(struct conn *c);
+
+#endif

@@ -1,0 +1,647 @@
+/*
+ * Owns listen/connect/accept: non-blocking state machines over the
+ * out-of-band TCP socket that swap QP numbers, GIDs and control-region keys,
+ * then wire the QPs (GID mode here, rdma_cm mode in cm.c). Also owns comm
+ * teardown. Does not move data (p2p.c).
+ */
+#define _GNU_SOURCE
+#include "conn.h"
+#include "log.h"
+#include "net.h"
+#include "oob.h"
+#include "params.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_MSG_CAP (1u << 30) /* one RDMA write never exceeds 1 GiB */
+
+uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+struct erdma_device *comm_device(void *comm) {
+    struct comm_base *b = comm;
+    if (!b || (b->kind != COMM_LISTEN && b->kind != COMM_SEND && b->kind != COMM_RECV)) {
+        WARN("called with an object that is not an eRDMA comm (%p)", comm);
+        return NULL;
+    }
+    return b->dev;
+}
+
+static int qps_per_connection(const struct erdma_device *dev) {
+    long n = param_int(P_IB_QPS_PER_CONNECTION);
+    return n < 1 ? 1 : n > ERDMA_MAX_QPS ? ERDMA_MAX_QPS : (int)n;
+}
+
+int conn_sq_depth(const struct erdma_device *dev, bool sender) {
+    /* sender: payload chunks + records for 32 slots; receiver: CTS writes */
+    int want = sender ? 1024 : 4 * ERDMA_FIFO_DEPTH;
+    return want < dev->max_qp_wr ? want : dev->max_qp_wr;
+}
+
+int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len) {
+    c->base.dev = dev;
+    c->fd = -1;
+    c->nqps = nqps;
+    c->cq_depth = nqps * (conn_sq_depth(dev, true) + ERDMA_RQ_DEPTH) + 2 * ERDMA_FIFO_DEPTH;
+    if (dev->max_cqe > 0 && c->cq_depth > dev->max_cqe) c->cq_depth = dev->max_cqe;
+    c->cq = vb.create_cq(dev->ctx, c->cq_depth, NULL, NULL, 0);
+    if (!c->cq) {
+        int err = errno ? errno : ENOMEM;
+        WARN("%s: ibv_create_cq(%d) failed: %s", dev->name, c->cq_depth, strerror(err));
+        return -err;
+    }
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    c->ctrl_len = (ctrl_len + page - 1) & ~(page - 1);
+    if (posix_memalign(&c->ctrl, page, c->ctrl_len)) return -ENOMEM;
+    memset(c->ctrl, 0, c->ctrl_len);
+    c->ctrl_mr =
+        vb.reg_mr(dev->pd, c->ctrl, c->ctrl_len,
+                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (!c->ctrl_mr) {
+        int err = errno ? errno : ENOMEM;
+        WARN("%s: cannot register a %zu-byte control region: %s%s", dev->name, c->ctrl_len,
+             strerror(err),
+             err == ENOMEM ? " (memlock limit too low? run with `ulimit -l unlimited`; in "
+                             "containers grant IPC_LOCK)"
+                           : "");
+        return -err;
+    }
+    return 0;
+}
+
+void conn_destroy_common(struct conn *c) {
+    for (int i = 0; i < c->nqps; i++)
+        qp_destroy(&c->qps[i]);
+    if (c->ctrl_mr) vb.dereg_mr(c->ctrl_mr);
+    free(c->ctrl);
+    if (c->cq) vb.destroy_cq(c->cq);
+    if (c->cm_ch) vb.cm_destroy_event_channel(c->cm_ch);
+    if (c->fd >= 0) close(c->fd);
+    c->ctrl_mr = NULL;
+    c->ctrl = NULL;
+    c->cq = NULL;
+    c->cm_ch = NULL;
+    c->fd = -1;
+}
+
+/* ------------------------------------------------------------ listen */
+int erdma_listen(int dev_index, void *handle, void **listen_comm) {
+    struct erdma_device *dev = device_get(dev_index);
+    *listen_comm = NULL;
+    if (!dev) {
+        WARN("listen: device %d does not exist", dev_index);
+        return -EINVAL;
+    }
+    struct listen_comm *lc = calloc(1, sizeof(*lc));
+    if (!lc) return -ENOMEM;
+    lc->base.kind = COMM_LISTEN;
+    lc->base.dev = dev;
+    lc->fd = -1;
+    struct sockaddr_in local;
+    int rc = oob_local_addr(dev, &local);
+    if (!rc) rc = oob_listen(&local, &lc->fd, &lc->addr);
+    if (!rc && dev->connect_mode == CONNECT_RDMACM) rc = cm_listen(lc);
+    if (rc) {
+        erdma_close_listen(lc);
+        return rc;
+    }
+    if (getrandom(&lc->nonce, sizeof(lc->nonce), 0) != sizeof(lc->nonce))
+        lc->nonce = now_ns() ^ ((uint64_t)getpid() << 32);
+
+    struct wire_handle *h = handle;
+    memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+    h->connect_mode = (uint8_t)dev->connect_mode;
+    h->nonce = lc->nonce;
+    h->addr = lc->addr;
+    h->cm_port = lc->cm_addr.sin_port;
+    wire_handle_seal(h);
+    *listen_comm = lc;
+    return 0;
+}
+
+/* ------------------------------------------------------------ connect */
+enum connect_stage {
+    CS_TCP_START,
+    CS_TCP_WAIT,
+    CS_SEND_HELLO,
+    CS_RECV_REPLY,
+    CS_CM,
+    CS_SEND_READY
+};
+
+struct connect_state {
+    struct connect_state *next;
+    void *handle; /* NCCL's buffer this state belongs to */
+    struct wire_handle peer;
+    struct send_comm *sc;
+    enum connect_stage stage;
+    int cm_stage;
+    int tc;
+    uint64_t deadline;
+    uint64_t retry_at;
+    int backoff_ms;
+    int attempts;
+    struct wire_conn_msg msg;
+    size_t io_done;
+};
+
+/* NCCL hands us the same handle buffer on every connect() retry: its tail holds our state
+ * pointer, accepted only if registered here (a garbage handle cannot make us follow it). */
+#define HANDLE_STATE_OFFSET 64
+static pthread_mutex_t connect_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct connect_state *connect_states;
+
+static struct connect_state **handle_state_slot(void *handle) {
+    return (struct connect_state **)((char *)handle + HANDLE_STATE_OFFSET);
+}
+
+static struct connect_state *connect_state_find(void *handle) {
+    struct connect_state *want = *handle_state_slot(handle), *s;
+    pthread_mutex_lock(&connect_lock);
+    for (s = connect_states; s && !(s == want && s->handle == handle); s = s->next)
+        ;
+    pthread_mutex_unlock(&connect_lock);
+    return s;
+}
+
+static void connect_state_free(struct connect_state *st) {
+    pthread_mutex_lock(&connect_lock);
+    for (struct connect_state **pp = &connect_states; *pp; pp = &(*pp)->next) {
+        if (*pp == st) {
+            *pp = st->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&connect_lock);
+    *handle_state_slot(st->handle) = NULL;
+    free(st);
+}
+
+static void send_comm_free(struct send_comm *sc) {
+    if (!sc) return;
+    conn_destroy_common(&sc->c);
+    free(sc);
+}
+
+static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
+    struct send_comm *sc = calloc(1, sizeof(*sc));
+    if (!sc) return -ENOMEM;
+    st->sc = sc;
+    sc->c.base.kind = COMM_SEND;
+    int nqps = qps_per_connection(dev);
+    int rc = conn_alloc_common(&sc->c, dev, nqps, SEND_CTRL_LEN);
+    if (rc) return rc;
+    sc->fifo = (struct wire_cts *)((char *)sc->c.ctrl + SEND_CTRL_FIFO);
+    sc->records = (struct wire_record *)((char *)sc->c.ctrl + SEND_CTRL_RECORDS);
+    sc->c.split = param_int(P_IB_SPLIT_DATA_ON_QPS) != 0;
+    sc->c.completion = dev->completion;
+
+    struct wire_conn_msg *m = &st->msg;
+    memset(m, 0, sizeof(*m));
+    if (dev->connect_mode == CONNECT_GID) {
+        for (int i = 0; i < nqps; i++) {
+            rc = qp_create(dev, sc->c.cq, conn_sq_depth(dev, true), 1, &sc->c.qps[i]);
+            if (rc) return rc;
+            m->qpn[i] = sc->c.qps[i].qp->qp_num;
+        }
+    }
+    m->nonce = st->peer.nonce;
+    m->nqps = (uint8_t)nqps;
+    m->completion = (uint8_t)dev->completion;
+    m->connect_mode = (uint8_t)dev->connect_mode;
+    m->mtu = (uint8_t)dev->active_mtu;
+    m->split = sc->c.split;
+    memcpy(m->gid, dev->gid.raw, 16);
+    m->lid = dev->lid;
+    m->ctrl_addr = (uintptr_t)sc->fifo;
+    m->ctrl_rkey = sc->c.ctrl_mr->rkey;
+    m->max_msg_sz = dev->max_msg_sz;
+    wire_msg_seal(m, MSG_HELLO);
+    return 0;
+}
+
+static int connect_apply_reply(struct connect_state *st, struct erdma_device *dev) {
+    struct send_comm *sc = st->sc;
+    struct wire_conn_msg *m = &st->msg;
+    char why[160];
+    int rc = wire_msg_check(m, MSG_REPLY, why, sizeof(why));
+    if (!rc && (m->nonce != st->peer.nonce || m->nqps != sc->c.nqps)) {
+        snprintf(why, sizeof(why), "reply for another connection (nonce or QP count differ)");
+        rc = -EPROTO;
+    }
+    if (!rc && m->completion == COMPLETION_IMM && dev->completion == COMPLETION_SEND) {
+        snprintf(why, sizeof(why), "peer chose write-with-imm completions we cannot do");
+        rc = -EPROTO;
+    }
+    if (rc) {
+        WARN("%s: bad reply from %s: %s", dev->name, sc->c.peer, why);
+        return rc;
+    }
+    sc->c.completion = (enum completion_mode)m->completion;
+    sc->c.remote_ctrl_addr = m->ctrl_addr;
+    sc->c.remote_ctrl_rkey = m->ctrl_rkey;
+    uint32_t mm = m->max_msg_sz < dev->max_msg_sz ? m->max_msg_sz : dev->max_msg_sz;
+    sc->c.max_msg = mm < MAX_MSG_CAP ? mm : MAX_MSG_CAP;
+    if (dev->connect_mode != CONNECT_GID) return 0;
+    struct qp_params qpp;
+    qp_params_from_env(&qpp, st->tc);
+    enum ibv_mtu mtu = m->mtu < dev->active_mtu ? (enum ibv_mtu)m->mtu : dev->active_mtu;
+    for (int i = 0; i < sc->c.nqps; i++) {
+        rc = qp_connect_gid(dev, &sc->c.qps[i], m->qpn[i], m->gid, mtu, &qpp, sc->c.peer);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* One step of the connect state machine: 1 connected, 0 not yet, -errno failed. */
+static int connect_step(struct connect_state *st, struct erdma_device *dev) {
+    struct send_comm *sc = st->sc;
+    int rc;
+    switch (st->stage) {
+    case CS_TCP_START:
+        if (now_ns() < st->retry_at) return 0;
+        st->attempts++;
+        rc = oob_connect_start(&st->peer.addr, &sc->c.fd);
+        if (rc) return rc;
+        st->stage = CS_TCP_WAIT;
+        /* fall through */
+    case CS_TCP_WAIT:
+        rc = oob_connect_poll(sc->c.fd);
+        if (rc == 0) return 0;
+        if (rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -EHOSTUNREACH) {
+            /* the peer may not listen yet (pods start in any order): back off and retry */
+            close(sc->c.fd);
+            sc->c.fd = -1;
+            st->backoff_ms = st->backoff_ms ? st->backoff_ms * 2 : 10;
+            if (st->backoff_ms > 1000) st->backoff_ms = 1000;
+            st->retry_at = now_ns() + (uint64_t)st->backoff_ms * 1000000ull;
+            st->stage = CS_TCP_START;
+            return 0;
+        }
+        if (rc < 0) return rc;
+        st->stage = CS_SEND_HELLO;
+        st->io_done = 0;
+        /* fall through */
+    case CS_SEND_HELLO:
+        rc = oob_send_progress(sc->c.fd, &st->msg, sizeof(st->msg), &st->io_done);
+        if (rc <= 0) return rc;
+        st->stage = CS_RECV_REPLY;
+        st->io_done = 0;
+        memset(&st->msg, 0, sizeof(st->msg));
+        /* fall through */
+    case CS_RECV_REPLY:
+        rc = oob_recv_progress(sc->c.fd, &st->msg, sizeof(st->msg), &st->io_done);
+        if (rc <= 0) return rc;
+        rc = connect_apply_reply(st, dev);
+        if (rc) return rc;
+        st->stage = dev->connect_mode == CONNECT_RDMACM ? CS_CM : CS_SEND_READY;
+        st->io_done = 0;
+        if (st->stage == CS_SEND_READY) goto send_ready;
+        /* fall through */
+    case CS_CM: {
+        struct qp_params qpp;
+        qp_params_from_env(&qpp, st->tc);
+        struct sockaddr_in dst = st->peer.addr;
+        dst.sin_port = st->peer.cm_port;
+        rc = cm_connect_progress(sc, &dst, st->peer.nonce, &st->cm_stage, &qpp);
+        if (rc <= 0) return rc;
+        st->stage = CS_SEND_READY;
+        st->io_done = 0;
+    }
+    send_ready:
+        memset(&st->msg, 0, sizeof(st->msg));
+        st->msg.nonce = st->peer.nonce;
+        wire_msg_seal(&st->msg, MSG_READY);
+        /* fall through */
+    case CS_SEND_READY:
+        rc = oob_send_progress(sc->c.fd, &st->msg, sizeof(st->msg), &st->io_done);
+        return rc;
+    }
+    return -ENOTRECOVERABLE;
+}
+
+int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_comm) {
+    struct erdma_device *dev = device_get(dev_index);
+    *send_comm = NULL;
+    if (!dev) {
+        WARN("connect: device %d does not exist", dev_index);
+        return -EINVAL;
+    }
+    struct connect_state *st = connect_state_find(handle);
+    int rc;
+    if (!st) {
+        char why[160];
+        struct wire_handle peer;
+        memcpy(&peer, handle, sizeof(peer));
+        rc = wire_handle_check(&peer, why, sizeof(why));
+        if (rc) {
+            WARN("connect on %s: invalid handle: %s", dev->name, why);
+            return rc;
+        }
+        if (peer.connect_mode != dev->connect_mode) {
+            WARN("connect on %s: the peer listens in %s mode, this device uses %s; set the same "
+                 "NCCL_ERDMA_CONNECT_MODE on every node",
+                 dev->name, peer.connect_mode == CONNECT_GID ? "GID" : "rdma_cm",
+                 dev->connect_mode == CONNECT_GID ? "GID" : "rdma_cm");
+            return -EINVAL;
+        }
+        st = calloc(1, sizeof(*st));
+        if (!st) return -ENOMEM;
+        st->handle = handle;
+        st->peer = peer;
+        st->tc = traffic_class;
+        st->deadline = now_ns() + (uint64_t)param_int(P_ERDMA_CONNECT_TIMEOUT) * 1000000000ull;
+        rc = send_comm_setup(st, dev);
+        oob_format(&peer.addr, st->sc ? st->sc->c.peer : why, sizeof(st->sc->c.peer));
+        if (rc) {
+            send_comm_free(st->sc);
+            free(st);
+            return rc;
+        }
+        pthread_mutex_lock(&connect_lock);
+        st->next = connect_states;
+        connect_states = st;
+        pthread_mutex_unlock(&connect_lock);
+        *handle_state_slot(handle) = st;
+    }
+    rc = connect_step(st, dev);
+    if (rc == 0 && now_ns() > st->deadline) {
+        WARN("%s: could not connect to %s within NCCL_ERDMA_CONNECT_TIMEOUT=%lds (%d TCP "
+             "attempt(s), stage %d). Is the peer alive and reachable on this interface?",
+             dev->name, st->sc->c.peer, param_int(P_ERDMA_CONNECT_TIMEOUT), st->attempts,
+             st->stage);
+        rc = -ETIMEDOUT;
+    }
+    if (rc < 0) {
+        if (rc != -ETIMEDOUT && rc != -EPROTO && rc != -EBADMSG)
+            WARN("%s: connect to %s failed: %s", dev->name, st->sc->c.peer, strerror(-rc));
+        send_comm_free(st->sc);
+        connect_state_free(st);
+        return rc;
+    }
+    if (rc == 1) {
+        *send_comm = st->sc;
+        TRACE(NCCL_NET, "%s: connected to %s with %d QP(s)", dev->name, st->sc->c.peer,
+              st->sc->c.nqps);
+        connect_state_free(st);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ accept */
+enum accept_stage { AS_TCP_ACCEPT, AS_RECV_HELLO, AS_SEND_REPLY, AS_CM, AS_RECV_READY };
+
+struct accept_state {
+    struct recv_comm *rc;
+    enum accept_stage stage;
+    int fd;
+    char peer[64];
+    uint64_t deadline;
+    struct wire_conn_msg msg;
+    size_t io_done;
+};
+
+static void recv_comm_free(struct recv_comm *rc) {
+    if (!rc) return;
+    qp_destroy(&rc->flush_qp);
+    conn_destroy_common(&rc->c);
+    free(rc);
+}
+
+static bool flush_wanted(const struct erdma_device *dev) {
+    if (param_int(P_ERDMA_FORCE_FLUSH)) return true;
+    return dev->gdr && !param_int(P_GDR_FLUSH_DISABLE);
+}
+
+/* The flush QP reads from our own memory: connected to itself (GID mode only). */
+static int flush_qp_setup(struct recv_comm *rc, struct erdma_device *dev) {
+    int ret = qp_create(dev, rc->c.cq, ERDMA_FIFO_DEPTH * 2, 1, &rc->flush_qp);
+    if (ret) return ret;
+    struct qp_params qpp;
+    qp_params_from_env(&qpp, -1);
+    ret = qp_connect_gid(dev, &rc->flush_qp, rc->flush_qp.qp->qp_num, dev->gid.raw, dev->active_mtu,
+                         &qpp, "itself (flush loopback)");
+    if (!ret) rc->flush_ready = true;
+    return ret;
+}
+
+static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
+    struct wire_conn_msg *m = &as->msg;
+    struct recv_comm *rc = calloc(1, sizeof(*rc));
+    if (!rc) return -ENOMEM;
+    as->rc = rc;
+    rc->c.base.kind = COMM_RECV;
+    int ret = conn_alloc_common(&rc->c, dev, m->nqps, RECV_CTRL_LEN(m->nqps));
+    if (ret) return ret;
+    rc->c.fd = as->fd;
+    as->fd = -1;
+    snprintf(rc->c.peer, sizeof(rc->c.peer), "%s", as->peer);
+    rc->rec_area = (struct wire_record *)((char *)rc->c.ctrl + RECV_CTRL_RECORDS);
+    rc->cts = (struct wire_cts *)((char *)rc->c.ctrl + RECV_CTRL_CTS);
+    rc->flush_buf = (uint8_t *)rc->c.ctrl + RECV_CTRL_FLUSH;
+    rc->ring = (struct wire_record *)((char *)rc->c.ctrl + RECV_CTRL_RING);
+    rc->c.split = m->split;
+    rc->c.completion = (m->completion == COMPLETION_SEND || dev->completion == COMPLETION_SEND)
+                           ? COMPLETION_SEND
+                           : COMPLETION_IMM;
+    rc->c.remote_ctrl_addr = m->ctrl_addr;
+    rc->c.remote_ctrl_rkey = m->ctrl_rkey;
+    uint32_t mm = m->max_msg_sz < dev->max_msg_sz ? m->max_msg_sz : dev->max_msg_sz;
+    rc->c.max_msg = mm < MAX_MSG_CAP ? mm : MAX_MSG_CAP;
+
+    struct wire_conn_msg reply;
+    memset(&reply, 0, sizeof(reply));
+    if (dev->connect_mode == CONNECT_GID) {
+        struct qp_params qpp;
+        qp_params_from_env(&qpp, -1);
+        enum ibv_mtu mtu = m->mtu < dev->active_mtu ? (enum ibv_mtu)m->mtu : dev->active_mtu;
+        for (int i = 0; i < rc->c.nqps; i++) {
+            ret =
+                qp_create(dev, rc->c.cq, conn_sq_depth(dev, false), ERDMA_RQ_DEPTH, &rc->c.qps[i]);
+            if (ret) return ret;
+            reply.qpn[i] = rc->c.qps[i].qp->qp_num;
+        }
+        /* receives must be posted before the peer can send */
+        ret = p2p_recv_post_initial(rc);
+        if (ret) return ret;
+        for (int i = 0; i < rc->c.nqps; i++) {
+            ret = qp_connect_gid(dev, &rc->c.qps[i], m->qpn[i], m->gid, mtu, &qpp, rc->c.peer);
+            if (ret) return ret;
+        }
+        if (flush_wanted(dev)) {
+            ret = flush_qp_setup(rc, dev);
+            if (ret) return ret;
+        }
+    }
+    reply.nonce = m->nonce;
+    reply.nqps = m->nqps;
+    reply.completion = (uint8_t)rc->c.completion;
+    reply.connect_mode = (uint8_t)dev->connect_mode;
+    reply.mtu = (uint8_t)dev->active_mtu;
+    reply.split = m->split;
+    memcpy(reply.gid, dev->gid.raw, 16);
+    reply.lid = dev->lid;
+    reply.ctrl_addr = (uintptr_t)rc->rec_area;
+    reply.ctrl_rkey = rc->c.ctrl_mr->rkey;
+    reply.max_msg_sz = dev->max_msg_sz;
+    wire_msg_seal(&reply, MSG_REPLY);
+    *m = reply;
+    return 0;
+}
+
+static void accept_state_free(struct accept_state *as) {
+    if (!as) return;
+    if (as->fd >= 0) close(as->fd);
+    recv_comm_free(as->rc);
+    free(as);
+}
+
+static int accept_step(struct listen_comm *lc, struct accept_state *as) {
+    struct erdma_device *dev = lc->base.dev;
+    char why[160];
+    int rc;
+    switch (as->stage) {
+    case AS_TCP_ACCEPT: {
+        struct sockaddr_in peer;
+        rc = oob_accept(lc->fd, &as->fd, &peer);
+        if (rc <= 0) return rc;
+        oob_format(&peer, as->peer, sizeof(as->peer));
+        /* from here on the peer is known: the handshake is bounded */
+        as->deadline = now_ns() + (uint64_t)param_int(P_ERDMA_CONNECT_TIMEOUT) * 1000000000ull;
+        as->stage = AS_RECV_HELLO;
+        as->io_done = 0;
+    }
+        /* fall through */
+    case AS_RECV_HELLO:
+        rc = oob_recv_progress(as->fd, &as->msg, sizeof(as->msg), &as->io_done);
+        if (rc <= 0) return rc;
+        rc = wire_msg_check(&as->msg, MSG_HELLO, why, sizeof(why));
+        if (!rc && as->msg.nonce != lc->nonce) {
+            snprintf(why, sizeof(why), "it used a stale handle (from an earlier listen)");
+            rc = -EPROTO;
+        }
+        if (!rc && as->msg.connect_mode != dev->connect_mode) {
+            snprintf(why, sizeof(why), "it connects in %s mode, we listen in %s mode",
+                     as->msg.connect_mode == CONNECT_GID ? "GID" : "rdma_cm",
+                     dev->connect_mode == CONNECT_GID ? "GID" : "rdma_cm");
+            rc = -EPROTO;
+        }
+        if (rc) {
+            WARN("%s: rejecting connection from %s: %s", dev->name, as->peer, why);
+            return rc;
+        }
+        rc = recv_comm_setup(as, dev);
+        if (rc) return rc;
+        as->stage = AS_SEND_REPLY;
+        as->io_done = 0;
+        /* fall through */
+    case AS_SEND_REPLY:
+        rc = oob_send_progress(as->rc->c.fd, &as->msg, sizeof(as->msg), &as->io_done);
+        if (rc <= 0) return rc;
+        as->stage = dev->connect_mode == CONNECT_RDMACM ? AS_CM : AS_RECV_READY;
+        as->io_done = 0;
+        memset(&as->msg, 0, sizeof(as->msg));
+        if (as->stage == AS_RECV_READY) goto recv_ready;
+        /* fall through */
+    case AS_CM:
+        rc = cm_accept_progress(lc, as->rc, lc->nonce);
+        if (rc <= 0) return rc;
+        if (flush_wanted(dev)) {
+            WARN("%s: the flush loopback is not available in rdma_cm mode; receives into GPU "
+                 "memory are not flushed",
+                 dev->name);
+        }
+        as->stage = AS_RECV_READY;
+        as->io_done = 0;
+        /* fall through */
+    case AS_RECV_READY:
+    recv_ready:
+        rc = oob_recv_progress(as->rc->c.fd, &as->msg, sizeof(as->msg), &as->io_done);
+        if (rc <= 0) return rc;
+        rc = wire_msg_check(&as->msg, MSG_READY, why, sizeof(why));
+        if (rc) {
+            WARN("%s: bad ready message from %s: %s", dev->name, as->peer, why);
+            return rc;
+        }
+        return 1;
+    }
+    return -ENOTRECOVERABLE;
+}
+
+int erdma_accept(void *listen_comm, void **recv_comm) {
+    struct listen_comm *lc = listen_comm;
+    *recv_comm = NULL;
+    if (!lc || lc->base.kind != COMM_LISTEN) {
+        WARN("accept: not a listen comm (%p)", listen_comm);
+        return -EINVAL;
+    }
+    if (!lc->pending) {
+        lc->pending = calloc(1, sizeof(*lc->pending));
+        if (!lc->pending) return -ENOMEM;
+        lc->pending->fd = -1;
+    }
+    struct accept_state *as = lc->pending;
+    int rc = accept_step(lc, as);
+    if (rc == 0 && as->stage != AS_TCP_ACCEPT && now_ns() > as->deadline) {
+        WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds "
+             "(stage %d)",
+             lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT), as->stage);
+        rc = -ETIMEDOUT;
+    }
+    if (rc < 0) {
+        if (rc != -EPROTO && rc != -ETIMEDOUT)
+            WARN("%s: accept from %s failed: %s", lc->base.dev->name, as->peer[0] ? as->peer : "?",
+                 strerror(-rc));
+        accept_state_free(as);
+        lc->pending = NULL;
+        return rc;
+    }
+    if (rc == 1) {
+        *recv_comm = as->rc;
+        as->rc = NULL;
+        accept_state_free(as);
+        lc->pending = NULL;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ close */
+int erdma_close_listen(void *listen_comm) {
+    struct listen_comm *lc = listen_comm;
+    if (!lc) return 0;
+    if (lc->base.kind != COMM_LISTEN) return -EINVAL;
+    accept_state_free(lc->pending);
+    if (lc->base.dev->connect_mode == CONNECT_RDMACM) cm_close_listen(lc);
+    if (lc->fd >= 0) close(lc->fd);
+    lc->base.kind = 0;
+    free(lc);
+    return 0;
+}
+
+int erdma_close_send(void *send_comm) {
+    struct send_comm *sc = send_comm;
+    if (!sc) return 0;
+    if (sc->c.base.kind != COMM_SEND) return -EINVAL;
+    sc->c.base.kind = 0;
+    send_comm_free(sc);
+    return 0;
+}
+
+int erdma_close_recv(void *recv_comm) {
+    struct recv_comm *rc = recv_comm;
+    if (!rc) return 0;
+    if (rc->c.base.kind != COMM_RECV) return -EINVAL;
+    rc->c.base.kind = 0;
+    recv_comm_free(rc);
+    return 0;
+}

@@ -1,0 +1,37 @@
+/* Connection establishment internals shared by conn.c and cm.c. */
+#ifndef ERDMA_CONN_H
+#define ERDMA_CONN_H
+
+#include "comm.h"
+#include "qp.h"
+
+#include <netinet/in.h>
+
+struct listen_comm {
+    struct comm_base base;
+    int fd;
+    uint64_t nonce;
+    struct sockaddr_in addr;
+    struct rdma_event_channel *cm_ch; /* rdma_cm mode: listener events */
+    struct rdma_cm_id *cm_id;
+    struct sockaddr_in cm_addr;
+    struct accept_state *pending;
+};
+
+uint64_t now_ns(void);
+/* Allocates the CQ and control region of a connection end. */
+int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len);
+int conn_sq_depth(const struct erdma_device *dev, bool sender);
+
+/* cm.c: rdma_cm listener and per-QP connections (iWARP, or forced rdmacm mode). */
+int cm_listen(struct listen_comm *lc);
+void cm_close_listen(struct listen_comm *lc);
+/* Sender: start/progress the rdma_cm connects of every QP. 1 done, 0 pending, -errno. */
+int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uint64_t nonce,
+                        int *stage, const struct qp_params *qpp);
+/* Receiver: accept nqps rdma_cm connections carrying nonce. 1 done, 0 pending, -errno. */
+int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce);
+/* Flush loopback for rdma_cm devices: connect a QP to ourselves through lc's listener. */
+int cm_check_events(struct conn *c);
+
+#endif

@@ -1,0 +1,463 @@
+/*
+ * Owns the device table: enumeration through the verbs boundary, NCCL_IB_HCA
+ * filtering, transport/GID/netdev/speed/pointer-support detection, and the
+ * INFO line that tells users which NICs are in use. Does not own memory
+ * registrations (mr_cache.c) or connections.
+ */
+#define _GNU_SOURCE
+#include "device.h"
+#include "gid.h"
+#include "hca_filter.h"
+#include "log.h"
+#include "mr_cache.h"
+#include "params.h"
+#include "sysfs.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <stdio.h>
+#include <string.h>
+
+static struct erdma_device devices[ERDMA_MAX_DEVICES];
+static int ndevices;
+
+const char *transport_name(enum erdma_transport t) {
+    return t == TRANSPORT_IWARP ? "iWARP" : "RoCE";
+}
+
+int ib_rate_mbps(uint8_t active_speed, uint8_t active_width) {
+    int lane;
+    switch (active_speed) {
+    case 1:
+        lane = 2500;
+        break;
+    case 2:
+        lane = 5000;
+        break;
+    case 4:
+        lane = 10000;
+        break;
+    case 8:
+        lane = 10000;
+        break;
+    case 16:
+        lane = 14000;
+        break;
+    case 32:
+        lane = 25000;
+        break;
+    case 64:
+        lane = 50000;
+        break;
+    case 128:
+        lane = 100000;
+        break;
+    default:
+        lane = 10000;
+        break;
+    }
+    int width;
+    switch (active_width) {
+    case 1:
+        width = 1;
+        break;
+    case 2:
+        width = 4;
+        break;
+    case 4:
+        width = 8;
+        break;
+    case 8:
+        width = 12;
+        break;
+    case 16:
+        width = 2;
+        break;
+    default:
+        width = 1;
+        break;
+    }
+    return lane * width;
+}
+
+int speed_resolve(long env_mbps, long netdev_mbps, int verbs_mbps, bool is_erdma, char *source,
+                  int srclen) {
+    if (env_mbps > 0) {
+        snprintf(source, srclen, "NCCL_ERDMA_PORT_SPEED");
+        return (int)env_mbps;
+    }
+    if (netdev_mbps > 0) {
+        snprintf(source, srclen, "netdev speed");
+        return (int)netdev_mbps;
+    }
+    /* eRDMA's query_port hard-codes EDR x4: the figure says nothing about the wire. */
+    snprintf(source, srclen, is_erdma ? "driver placeholder, set NCCL_ERDMA_PORT_SPEED" : "verbs");
+    return verbs_mbps;
+}
+
+/* The netdev behind a port: gid_attrs (RoCE), "parent" (rxe), device/net (PCI), or MAC match. */
+static void find_netdev(struct erdma_device *d) {
+    char buf[64];
+    d->netdev[0] = 0;
+    if (!sysfs_read(buf, sizeof(buf), "/sys/class/infiniband/%s/ports/%d/gid_attrs/ndevs/%d",
+                    d->name, d->port, d->gid_index) &&
+        buf[0]) {
+        snprintf(d->netdev, sizeof(d->netdev), "%s", buf);
+        return;
+    }
+    if (!sysfs_read(buf, sizeof(buf), "/sys/class/infiniband/%s/parent", d->name) && buf[0]) {
+        snprintf(d->netdev, sizeof(d->netdev), "%s", buf);
+        return;
+    }
+    /* iWARP GIDs (siw, eRDMA standard mode) start with the MAC address. */
+    const uint8_t *mac = d->gid.raw;
+    struct if_nameindex *ifs = if_nameindex();
+    for (struct if_nameindex *i = ifs; i && i->if_name; i++) {
+        char addr[64], want[32];
+        if (sysfs_read(addr, sizeof(addr), "/sys/class/net/%s/address", i->if_name)) continue;
+        snprintf(want, sizeof(want), "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2],
+                 mac[3], mac[4], mac[5]);
+        if (!strcasecmp(addr, want)) {
+            snprintf(d->netdev, sizeof(d->netdev), "%s", i->if_name);
+            break;
+        }
+    }
+    if (ifs) if_freenameindex(ifs);
+}
+
+static void find_ipv4(struct erdma_device *d) {
+    struct ifaddrs *ifa_list, *ifa;
+    memset(&d->ip, 0, sizeof(d->ip));
+    if (!d->netdev[0] || getifaddrs(&ifa_list)) return;
+    for (ifa = ifa_list; ifa; ifa = ifa->ifa_next) {
+        if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET) continue;
+        if (strcmp(ifa->ifa_name, d->netdev)) continue;
+        memcpy(&d->ip, ifa->ifa_addr, sizeof(d->ip));
+        break;
+    }
+    freeifaddrs(ifa_list);
+}
+
+static void find_pci_path(struct erdma_device *d) {
+    d->has_pci_path = !sysfs_realpath(d->pci_path, sizeof(d->pci_path),
+                                      "/sys/class/infiniband/%s/device", d->name);
+    /* Soft devices (rxe) have no device link: use their netdev's PCI function. */
+    if (!d->has_pci_path && d->netdev[0])
+        d->has_pci_path = !sysfs_realpath(d->pci_path, sizeof(d->pci_path),
+                                          "/sys/class/net/%s/device", d->netdev);
+}
+
+static bool is_erdma_driver(const struct erdma_device *d) {
+    char drv[256];
+    if (!sysfs_realpath(drv, sizeof(drv), "/sys/class/infiniband/%s/device/driver", d->name)) {
+        const char *base = strrchr(drv, '/');
+        if (base && !strcmp(base + 1, "erdma")) return true;
+    }
+    return !strncmp(d->name, "erdma", 5);
+}
+
+static void resolve_speed(struct erdma_device *d, const struct ibv_port_attr *pa) {
+    long netdev_speed = -1;
+    if (d->netdev[0]) sysfs_read_long(&netdev_speed, "/sys/class/net/%s/speed", d->netdev);
+    d->speed_mbps = speed_resolve(param_int(P_ERDMA_PORT_SPEED), netdev_speed,
+                                  ib_rate_mbps(pa->active_speed, pa->active_width),
+                                  is_erdma_driver(d), d->speed_source, sizeof(d->speed_source));
+}
+
+static bool peer_memory_present(void) {
+    return sysfs_exists("/sys/kernel/mm/memory_peers/nv_mem/version") ||
+           sysfs_exists("/sys/module/nvidia_peermem/version") ||
+           sysfs_exists("/sys/module/nv_peer_mem/version");
+}
+
+/* dma-buf registration with a bad fd: EOPNOTSUPP/EPROTONOSUPPORT mean "never", anything else
+ * means the kernel got as far as looking at the fd. eRDMA answers EOPNOTSUPP. */
+static bool probe_dmabuf(struct erdma_device *d) {
+    if (!vb.reg_dmabuf_mr || !param_int(P_DMABUF_ENABLE)) return false;
+    errno = 0;
+    struct ibv_mr *mr = vb.reg_dmabuf_mr(d->pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE);
+    if (mr) {
+        vb.dereg_mr(mr);
+        return true;
+    }
+    return errno != EOPNOTSUPP && errno != EPROTONOSUPPORT && errno != 0;
+}
+
+static void resolve_ptr_support(struct erdma_device *d) {
+    long gdr = param_int(P_ERDMA_GDR);
+    d->gdr = gdr == 1 || (gdr == -1 && peer_memory_present());
+    d->dmabuf = probe_dmabuf(d);
+    d->ptr_support = NCCL_PTR_HOST;
+    if (d->gdr) d->ptr_support |= NCCL_PTR_CUDA;
+    if (d->dmabuf) d->ptr_support |= NCCL_PTR_DMABUF | NCCL_PTR_CUDA;
+}
+
+/* Reads the GID table (types from sysfs; containers may hide them: then UNKNOWN). */
+static int read_gid_table(struct erdma_device *d, int len, struct gid_entry *tbl) {
+    for (int i = 0; i < len; i++) {
+        union ibv_gid g;
+        char type[32];
+        tbl[i].valid = vb.query_gid(d->ctx, d->port, i, &g) == 0;
+        memcpy(tbl[i].raw, g.raw, 16);
+        tbl[i].type =
+            sysfs_read(type, sizeof(type), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d",
+                       d->name, d->port, i)
+                ? GID_TYPE_UNKNOWN
+                : gid_type_parse(type);
+    }
+    return 0;
+}
+
+static int choose_gid(struct erdma_device *d, int table_len) {
+    struct gid_entry tbl[64];
+    int n = table_len < 64 ? table_len : 64;
+    read_gid_table(d, n, tbl);
+    bool want_v4 = strcmp(param_str(P_IB_ADDR_FAMILY), "AF_INET6") != 0;
+    struct gid_choice c = gid_select(tbl, n, (int)param_int(P_IB_GID_INDEX), want_v4,
+                                     (int)param_int(P_IB_ROCE_VERSION_NUM));
+    if (c.index < 0) {
+        WARN("%s:%d has no usable RoCE GID: %s. Check the interface has an IPv4 address "
+             "(eRDMA compat mode puts ::ffff:<IPv4> at index 1); skipping this device",
+             d->name, d->port, c.reason);
+        return -ENODEV;
+    }
+    if (c.fell_back) {
+        char txt[64];
+        gid_format(tbl[c.index].raw, txt, sizeof(txt));
+        WARN("%s:%d: %s; using GID index %d (%s) instead. Set NCCL_IB_GID_INDEX=%d to silence "
+             "this.",
+             d->name, d->port, c.reason, c.index, txt, c.index);
+    }
+    d->gid_index = c.index;
+    memcpy(d->gid.raw, tbl[c.index].raw, 16);
+    return 0;
+}
+
+static const char *const connect_modes[] = {"auto", "gid", "rdmacm", NULL};
+static const char *const completion_modes[] = {"auto", "imm", "send", NULL};
+
+static int choose_modes(struct erdma_device *d) {
+    int cm = param_choice(P_ERDMA_CONNECT_MODE, connect_modes);
+    int comp = param_choice(P_ERDMA_COMPLETION, completion_modes);
+
+    d->connect_mode = cm == 1                           ? CONNECT_GID
+                      : cm == 2                         ? CONNECT_RDMACM
+                      : d->transport == TRANSPORT_IWARP ? CONNECT_RDMACM
+                                                        : CONNECT_GID;
+    if (d->transport == TRANSPORT_IWARP && d->connect_mode == CONNECT_GID) {
+        WARN("%s is an iWARP device (eRDMA standard mode): it connects only through rdma_cm, "
+             "so NCCL_ERDMA_CONNECT_MODE=gid cannot work on it; skipping it. Unset "
+             "NCCL_ERDMA_CONNECT_MODE (or set it to rdmacm).",
+             d->name);
+        return -EINVAL;
+    }
+    if (d->connect_mode == CONNECT_RDMACM && !verbs_have_rdmacm()) {
+        WARN("%s needs rdma_cm but librdmacm could not be loaded; skipping it", d->name);
+        return -ENOENT;
+    }
+    /* siw (and some iWARP devices) cannot do RDMA WRITE_WITH_IMM. */
+    d->completion = comp == 1                         ? COMPLETION_IMM
+                    : comp == 2                       ? COMPLETION_SEND
+                    : d->transport == TRANSPORT_IWARP ? COMPLETION_SEND
+                                                      : COMPLETION_IMM;
+    return 0;
+}
+
+/* Opens one device/port and fills everything but the MR cache. -errno to skip it. */
+static int device_open(struct erdma_device *d, struct ibv_device *ibdev, int port,
+                       const struct ibv_device_attr *attr, const struct ibv_port_attr *pa,
+                       struct ibv_context *ctx) {
+    d->ctx = ctx;
+    d->port = port;
+    d->transport =
+        (ibdev->transport_type == IBV_TRANSPORT_IWARP || ibdev->node_type == IBV_NODE_RNIC)
+            ? TRANSPORT_IWARP
+            : TRANSPORT_ROCE;
+    d->link_layer = pa->link_layer;
+    d->lid = pa->lid;
+    d->active_mtu = pa->active_mtu;
+    d->guid = attr->node_guid;
+    d->max_qp_wr = attr->max_qp_wr < ERDMA_MAX_SQ_WR ? attr->max_qp_wr : ERDMA_MAX_SQ_WR;
+    d->max_cqe = attr->max_cqe;
+    d->max_msg_sz = pa->max_msg_sz ? pa->max_msg_sz : (1u << 30);
+    int rc = choose_modes(d);
+    if (rc) return rc;
+    if (d->transport == TRANSPORT_ROCE && d->connect_mode == CONNECT_GID) {
+        if (pa->link_layer != IBV_LINK_LAYER_ETHERNET) {
+            WARN("%s:%d is not an Ethernet (RoCE) port; only RoCE and iWARP are supported, "
+                 "skipping it",
+                 d->name, port);
+            return -ENODEV;
+        }
+        rc = choose_gid(d, pa->gid_tbl_len);
+        if (rc) return rc;
+    } else {
+        d->gid_index = 0;
+        if (vb.query_gid(ctx, port, 0, &d->gid)) memset(&d->gid, 0, sizeof(d->gid));
+    }
+    find_netdev(d);
+    find_ipv4(d);
+    if (d->connect_mode == CONNECT_RDMACM && d->ip.sin_family != AF_INET) {
+        WARN("%s: rdma_cm needs an IPv4 address on its netdev (%s), found none; skipping it",
+             d->name, d->netdev[0] ? d->netdev : "unknown");
+        return -ENODEV;
+    }
+    find_pci_path(d);
+    resolve_speed(d, pa);
+    d->pd = vb.alloc_pd(ctx);
+    if (!d->pd) {
+        WARN("%s: ibv_alloc_pd failed: %s", d->name, strerror(errno));
+        return -errno ? -errno : -ENOMEM;
+    }
+    resolve_ptr_support(d);
+    d->mrs = mr_cache_create(d);
+    if (!d->mrs) {
+        vb.dealloc_pd(d->pd);
+        d->pd = NULL;
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+static void log_using_line(void) {
+    char line[1024];
+    int n = snprintf(line, sizeof(line), "Using");
+    for (int i = 0; i < ndevices && n < (int)sizeof(line); i++) {
+        struct erdma_device *d = &devices[i];
+        if (d->transport == TRANSPORT_ROCE && d->connect_mode == CONNECT_GID)
+            n += snprintf(line + n, sizeof(line) - n, " [%d]%s:%d/RoCE/GID%d", i, d->name, d->port,
+                          d->gid_index);
+        else
+            n += snprintf(line + n, sizeof(line) - n, " [%d]%s:%d/%s", i, d->name, d->port,
+                          transport_name(d->transport));
+    }
+    if (ndevices && n < (int)sizeof(line)) {
+        char ip[INET_ADDRSTRLEN] = "none";
+        const struct erdma_device *d0 = &devices[0];
+        if (d0->ip.sin_family == AF_INET) inet_ntop(AF_INET, &d0->ip.sin_addr, ip, sizeof(ip));
+        const char *ifname =
+            param_is_set(P_SOCKET_IFNAME) ? param_str(P_SOCKET_IFNAME) : d0->netdev;
+        snprintf(line + n, sizeof(line) - n, " ; OOB %s%s%s", ifname[0] ? ifname : "?",
+                 param_is_set(P_SOCKET_IFNAME) ? "" : ":", param_is_set(P_SOCKET_IFNAME) ? "" : ip);
+    }
+    INFO(NCCL_INIT | NCCL_NET, "%s", line);
+    for (int i = 0; i < ndevices; i++) {
+        struct erdma_device *d = &devices[i];
+        INFO(NCCL_INIT | NCCL_NET,
+             "[%d]%s: netdev %s, %s connect, %s completions, speed %d Mb/s (%s), GPU Direct %s%s",
+             i, d->name, d->netdev[0] ? d->netdev : "?",
+             d->connect_mode == CONNECT_GID ? "GID" : "rdma_cm",
+             d->completion == COMPLETION_IMM ? "write-with-imm" : "send", d->speed_mbps,
+             d->speed_source, d->gdr ? "peer memory" : "off", d->dmabuf ? ", dma-buf" : "");
+    }
+}
+
+int devices_discover(void) {
+    struct hca_filter filter;
+    char err[160];
+    int num = 0;
+
+    ndevices = 0;
+    if (hca_filter_parse(param_str(P_IB_HCA), &filter, err, sizeof(err))) {
+        WARN("NCCL_IB_HCA=\"%s\" is malformed: %s", param_str(P_IB_HCA), err);
+        return -EINVAL;
+    }
+    struct ibv_device **list = vb.get_device_list(&num);
+    if (!list || num == 0) {
+        WARN("no RDMA devices found (ibv_get_device_list: %s). In a pod, request the "
+             "aliyun/erdma resource so /dev/infiniband is passed in, and check that the eRDMA "
+             "driver and ibverbs-providers are installed.",
+             list ? "empty" : strerror(errno));
+        if (list) vb.free_device_list(list);
+        return -ENODEV;
+    }
+    for (int i = 0; i < num && ndevices < ERDMA_MAX_DEVICES; i++) {
+        const char *name = vb.get_device_name(list[i]);
+        struct ibv_context *ctx = vb.open_device(list[i]);
+        if (!ctx) {
+            WARN("cannot open %s: %s (is /dev/infiniband passed to the container?)", name,
+                 strerror(errno));
+            continue;
+        }
+        struct ibv_device_attr attr;
+        int used = 0;
+        if (vb.query_device(ctx, &attr)) {
+            WARN("ibv_query_device(%s) failed: %s", name, strerror(errno));
+            vb.close_device(ctx);
+            continue;
+        }
+        for (int port = 1; port <= attr.phys_port_cnt && ndevices < ERDMA_MAX_DEVICES; port++) {
+            struct ibv_port_attr pa;
+            if (!hca_filter_match(&filter, name, port)) continue;
+            if (vb.query_port(ctx, port, &pa)) continue;
+            if (pa.state != IBV_PORT_ACTIVE) {
+                INFO(NCCL_INIT | NCCL_NET, "%s:%d is not ACTIVE (state %d), skipping", name, port,
+                     pa.state);
+                continue;
+            }
+            struct erdma_device *d = &devices[ndevices];
+            memset(d, 0, sizeof(*d));
+            d->index = ndevices;
+            snprintf(d->name, sizeof(d->name), "%s", name);
+            if (device_open(d, list[i], port, &attr, &pa, ctx)) continue;
+            ndevices++;
+            used++;
+        }
+        if (!used) vb.close_device(ctx);
+    }
+    vb.free_device_list(list);
+    if (ndevices == 0) {
+        if (filter.count)
+            WARN("NCCL_IB_HCA=\"%s\" matches no ACTIVE RDMA port (%d device(s) present); check "
+                 "the names with ibv_devices",
+                 param_str(P_IB_HCA), num);
+        else
+            WARN("no ACTIVE RDMA port usable among %d device(s)", num);
+        return -ENODEV;
+    }
+    log_using_line();
+    return ndevices;
+}
+
+void devices_release(void) {
+    for (int i = 0; i < ndevices; i++) {
+        struct erdma_device *d = &devices[i];
+        mr_cache_destroy(d->mrs);
+        if (d->pd) vb.dealloc_pd(d->pd);
+        /* several ports of one device share the context: close it once */
+        bool shared_later = false;
+        for (int j = i + 1; j < ndevices; j++)
+            shared_later |= devices[j].ctx == d->ctx;
+        if (!shared_later) vb.close_device(d->ctx);
+    }
+    memset(devices, 0, sizeof(devices));
+    ndevices = 0;
+}
+
+int devices_count(void) {
+    return ndevices;
+}
+
+struct erdma_device *device_get(int index) {
+    return index >= 0 && index < ndevices ? &devices[index] : NULL;
+}
+
+void device_fill_props(const struct erdma_device *d, struct erdma_props *p) {
+    memset(p, 0, sizeof(*p));
+    p->name = d->name;
+    p->pci_path = d->has_pci_path ? d->pci_path : NULL;
+    p->guid = d->guid;
+    p->ptr_support = d->ptr_support;
+    p->reg_is_global = 1; /* mr_cache.c: one cache per device, shared by all comms */
+    p->force_flush = 0;
+    p->speed = d->speed_mbps;
+    p->port = d->port;
+    p->latency = 0;
+    p->max_comms = 65536;
+    p->max_recvs = ERDMA_MAX_RECVS;
+    p->max_p2p_bytes = NCCL_MAX_NET_SIZE_BYTES;
+    p->max_coll_bytes = NCCL_MAX_NET_SIZE_BYTES;
+    p->max_multi_request_size = 1;
+}

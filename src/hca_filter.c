@@ -1,0 +1,80 @@
+/* Owns NCCL_IB_HCA syntax; device.c applies it. */
+#include "hca_filter.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int hca_filter_parse(const char *spec, struct hca_filter *f, char *err, int errlen) {
+    memset(f, 0, sizeof(*f));
+    if (!spec) return 0;
+    while (*spec == ' ')
+        spec++;
+    if (*spec == '^') {
+        f->exclude = true;
+        spec++;
+    }
+    if (*spec == '=') {
+        f->exact = true;
+        spec++;
+    }
+    const char *p = spec;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == 0) {
+            p += end ? 1 : 0;
+            if (!end) break;
+            continue;
+        }
+        if (f->count == HCA_FILTER_MAX) {
+            snprintf(err, errlen, "more than %d entries", HCA_FILTER_MAX);
+            return -EINVAL;
+        }
+        char item[96];
+        if (len >= sizeof(item)) {
+            snprintf(err, errlen, "entry \"%.*s...\" is too long", 16, p);
+            return -EINVAL;
+        }
+        memcpy(item, p, len);
+        item[len] = 0;
+        int port = -1;
+        char *colon = strchr(item, ':');
+        if (colon) {
+            char *e;
+            long v = strtol(colon + 1, &e, 10);
+            if (colon[1] == 0 || *e || v < 1 || v > 255) {
+                snprintf(err, errlen, "entry \"%s\" has an invalid port (want dev:N, N >= 1)",
+                         item);
+                return -EINVAL;
+            }
+            port = (int)v;
+            *colon = 0;
+        }
+        if (!item[0] || strlen(item) >= sizeof(f->entries[0].name)) {
+            snprintf(err, errlen, "entry \"%s\" has an invalid device name", item);
+            return -EINVAL;
+        }
+        strcpy(f->entries[f->count].name, item);
+        f->entries[f->count].port = port;
+        f->count++;
+        if (!end) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
+static bool entry_match(const struct hca_filter *f, int i, const char *dev, int port) {
+    const char *want = f->entries[i].name;
+    bool name_ok = f->exact ? !strcmp(dev, want) : !strncmp(dev, want, strlen(want));
+    return name_ok && (f->entries[i].port == -1 || f->entries[i].port == port);
+}
+
+bool hca_filter_match(const struct hca_filter *f, const char *dev, int port) {
+    if (f->count == 0) return true;
+    bool any = false;
+    for (int i = 0; i < f->count && !any; i++)
+        any = entry_match(f, i, dev, port);
+    return f->exclude ? !any : any;
+}

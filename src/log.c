@@ -1,0 +1,37 @@
+/* Owns the logger pointer and the message prefix; nothing else. */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static ncclDebugLogger_t nccl_logger;
+
+void erdma_log_set(ncclDebugLogger_t logger) {
+    nccl_logger = logger;
+}
+
+static int stderr_wants(ncclDebugLogLevel level) {
+    const char *env = getenv("ERDMA_LOG");
+    if (level <= NCCL_LOG_WARN) return 1;
+    if (!env) return 0;
+    if (level == NCCL_LOG_INFO) return !strcmp(env, "info") || !strcmp(env, "trace");
+    return !strcmp(env, "trace");
+}
+
+void erdma_log(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
+               const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    int n = snprintf(msg, sizeof(msg), "NET/eRDMA : ");
+
+    va_start(ap, fmt);
+    vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (nccl_logger) {
+        nccl_logger(level, flags, file, line, "%s", msg);
+    } else if (stderr_wants(level)) {
+        fprintf(stderr, "%s %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
+    }
+}

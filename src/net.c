@@ -1,0 +1,122 @@
+/*
+ * Owns plugin lifetime: the refcounted init/finalize pair, device queries and
+ * memory registration entry points. Connections live in conn.c, the data path
+ * in p2p.c.
+ */
+#include "net.h"
+#include "comm.h"
+#include "device.h"
+#include "log.h"
+#include "mr_cache.h"
+#include "params.h"
+#include "verbs.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static int init_refs;
+
+int erdma_init(ncclDebugLogger_t logger) {
+    int rc = 0;
+    pthread_mutex_lock(&init_lock);
+    erdma_log_set(logger);
+    if (init_refs++ > 0) goto out;
+
+    int bad = params_load();
+    params_dump();
+    if (bad) WARN("%d environment value(s) ignored, see above", bad);
+    if (param_int(P_IB_DISABLE)) {
+        INFO(NCCL_INIT | NCCL_NET, "NCCL_IB_DISABLE=1: plugin disabled");
+        rc = -ENODEV;
+        goto fail;
+    }
+    rc = verbs_open();
+    if (rc) goto fail;
+    rc = devices_discover();
+    if (rc < 0) {
+        verbs_close();
+        goto fail;
+    }
+    rc = 0;
+    goto out;
+fail:
+    init_refs--;
+out:
+    pthread_mutex_unlock(&init_lock);
+    return rc;
+}
+
+static void release_all(void) {
+    devices_release();
+    verbs_close();
+}
+
+void erdma_finalize(void) {
+    pthread_mutex_lock(&init_lock);
+    if (init_refs > 0 && --init_refs == 0) release_all();
+    pthread_mutex_unlock(&init_lock);
+}
+
+/* NCCL >= 2.26 may dlclose() the plugin without a finalize (v8-v10 have none). */
+__attribute__((destructor)) static void erdma_unload(void) {
+    pthread_mutex_lock(&init_lock);
+    if (init_refs > 0) release_all();
+    init_refs = 0;
+    erdma_log_set(NULL);
+    pthread_mutex_unlock(&init_lock);
+}
+
+int erdma_devices(int *ndev) {
+    *ndev = devices_count();
+    return 0;
+}
+
+int erdma_get_properties(int dev, struct erdma_props *props) {
+    struct erdma_device *d = device_get(dev);
+    if (!d) {
+        WARN("getProperties: device %d does not exist (%d devices)", dev, devices_count());
+        return -EINVAL;
+    }
+    device_fill_props(d, props);
+    return 0;
+}
+
+int erdma_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
+    struct erdma_device *dev = comm_device(comm);
+    if (!dev) return -EINVAL;
+    if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
+        WARN("%s: regMr with unknown pointer type %d", dev->name, type);
+        return -EINVAL;
+    }
+    if (type == NCCL_PTR_CUDA && !(dev->ptr_support & NCCL_PTR_CUDA)) {
+        WARN("%s: regMr of GPU memory but GPU Direct RDMA is off (no nvidia_peermem); load "
+             "nvidia_peermem or set NCCL_ERDMA_GDR=1 if peer memory is provided otherwise",
+             dev->name);
+        return -EINVAL;
+    }
+    struct erdma_mr *m;
+    int rc = mr_cache_get(dev->mrs, data, size, type, &m);
+    if (rc) return rc;
+    *mhandle = m;
+    return 0;
+}
+
+int erdma_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                        void **mhandle) {
+    struct erdma_device *dev = comm_device(comm);
+    if (!dev) return -EINVAL;
+    if (type == NCCL_PTR_HOST) return erdma_reg_mr(comm, data, size, type, mhandle);
+    struct erdma_mr *m;
+    int rc = mr_cache_get_dmabuf(dev->mrs, data, size, offset, fd, &m);
+    if (rc) return rc;
+    *mhandle = m;
+    return 0;
+}
+
+int erdma_dereg_mr(void *comm, void *mhandle) {
+    if (!mhandle) return 0;
+    mr_cache_put(mhandle);
+    return 0;
+}

@@ -1,0 +1,41 @@
+/*
+ * The plugin's internal API: what plugin.c's version tables call. Every
+ * function returns 0 or -errno; plugin.c alone maps that to ncclResult_t.
+ * "Not ready yet" is 0 with a NULL out-pointer, as NCCL expects.
+ */
+#ifndef ERDMA_NET_H
+#define ERDMA_NET_H
+
+#include "nccl_net_abi.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct erdma_props;
+
+/* Refcounted: the first init discovers devices, the last finalize releases them. */
+int erdma_init(ncclDebugLogger_t logger);
+void erdma_finalize(void);
+int erdma_devices(int *ndev);
+int erdma_get_properties(int dev, struct erdma_props *props);
+
+int erdma_listen(int dev, void *handle, void **listen_comm);
+int erdma_connect(int dev, int traffic_class, void *handle, void **send_comm);
+int erdma_accept(void *listen_comm, void **recv_comm);
+int erdma_close_send(void *send_comm);
+int erdma_close_recv(void *recv_comm);
+int erdma_close_listen(void *listen_comm);
+
+int erdma_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle);
+int erdma_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                        void **mhandle);
+int erdma_dereg_mr(void *comm, void *mhandle);
+
+int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
+int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
+                void **mhandles, void **request);
+int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **mhandles,
+                 void **request);
+int erdma_test(void *request, int *done, int *sizes);
+
+#endif

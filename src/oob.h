@@ -1,0 +1,29 @@
+/*
+ * Out-of-band TCP: the socket a connection's metadata travels over, and that
+ * stays open afterwards so a dead peer shows up as EOF. Every call is
+ * non-blocking: progress functions return 1 (complete), 0 (not yet) or -errno.
+ */
+#ifndef ERDMA_OOB_H
+#define ERDMA_OOB_H
+
+#include <netinet/in.h>
+#include <stddef.h>
+
+struct erdma_device;
+
+/* The local address to listen on: NCCL_SOCKET_IFNAME's first match, else the device's netdev. */
+int oob_local_addr(const struct erdma_device *dev, struct sockaddr_in *out);
+int oob_listen(const struct sockaddr_in *local, int *fd, struct sockaddr_in *bound);
+int oob_connect_start(const struct sockaddr_in *peer, int *fd);
+int oob_connect_poll(int fd);
+/* 1 with *fd set, 0 when nobody is waiting. */
+int oob_accept(int listen_fd, int *fd, struct sockaddr_in *peer);
+int oob_send_progress(int fd, const void *buf, size_t len, size_t *done);
+int oob_recv_progress(int fd, void *buf, size_t len, size_t *done);
+/* -ECONNRESET when the peer closed or the socket failed, else 0. Never blocks. */
+int oob_peer_alive(int fd);
+void oob_format(const struct sockaddr_in *a, char *out, int outlen);
+/* Pure: does interface name match an NCCL_SOCKET_IFNAME list ("^a,b", "=a", "a")? */
+int oob_ifname_match(const char *spec, const char *ifname);
+
+#endif

@@ -1,0 +1,564 @@
+/*
+ * The data path: isend/irecv/iflush/test. Everything it needs (QPs, keys,
+ * modes, peer name) was resolved at connect time; it never touches sockets
+ * except the cheap liveness poll, nor sysfs, nor the environment.
+ *
+ * Protocol (net_ib's rendezvous): irecv RDMA-writes a clear-to-send entry per
+ * buffer into the sender's FIFO slot (seq % 32). isend matches it by tag,
+ * RDMA-writes the payload straight into the receive buffer and ends each QP's
+ * share with a completion record: WRITE_WITH_IMM (imm = seq) into the
+ * receiver's record area, or, on devices without immediates (siw, some
+ * iWARP), a SEND of the record. RC ordering places the payload first.
+ */
+#include "comm.h"
+#include "log.h"
+#include "mr_cache.h"
+#include "net.h"
+#include "oob.h"
+#include "qp.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#define POLL_BATCH     16
+#define LIVENESS_EVERY 4096 /* empty polls between two looks at the OOB socket */
+
+enum wr_kind { WR_RECORD = 1, WR_CTS = 2, WR_RECV = 3, WR_FLUSH = 4 };
+
+static inline uint64_t wr_id(enum wr_kind kind, int qp, uint32_t idx) {
+    return ((uint64_t)kind << 60) | ((uint64_t)(unsigned)qp << 32) | idx;
+}
+static inline enum wr_kind wr_kind_of(uint64_t id) {
+    return (enum wr_kind)(id >> 60);
+}
+static inline int wr_qp(uint64_t id) {
+    return (int)((id >> 32) & 0xfffffff);
+}
+static inline uint32_t wr_idx(uint64_t id) {
+    return (uint32_t)id;
+}
+
+static const char *wr_kind_name(enum wr_kind k) {
+    switch (k) {
+    case WR_RECORD:
+        return "payload write";
+    case WR_CTS:
+        return "clear-to-send write";
+    case WR_RECV:
+        return "receive";
+    case WR_FLUSH:
+        return "flush read";
+    }
+    return "unknown";
+}
+
+static const char *wc_hint(enum ibv_wc_status s) {
+    switch (s) {
+    case IBV_WC_RETRY_EXC_ERR:
+        return "the peer stopped acknowledging: it died, or the network dropped it, or the "
+               "timeouts are too short for this fabric. Check the peer and the link; on eRDMA "
+               "raise NCCL_IB_TIMEOUT (Alibaba suggests 23) and keep NCCL_IB_RETRY_CNT at 7";
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+        return "the peer had no receive posted: it closed the connection or fell behind";
+    case IBV_WC_REM_ACCESS_ERR:
+        return "the peer refused our RDMA access: a buffer was not registered, or was "
+               "deregistered while in use";
+    case IBV_WC_LOC_PROT_ERR:
+    case IBV_WC_LOC_ACCESS_ERR:
+        return "local buffer not registered for this device; for GPU buffers check GPU Direct "
+               "(nvidia_peermem loaded) and that PCIe ACS is off (lspci -vvv | grep ACSCtl "
+               "shows SrcValid-)";
+    case IBV_WC_REM_INV_REQ_ERR:
+        return "the peer rejected the request: mismatched plugin versions or a buffer too small";
+    case IBV_WC_WR_FLUSH_ERR:
+        return "the QP was already in error after an earlier failure";
+    default:
+        return "see the RDMA driver's messages (dmesg)";
+    }
+}
+
+/* First failure wins: later completions are usually flushes caused by it. */
+static int conn_fail(struct conn *c, int err) {
+    if (!c->error) c->error = err;
+    return c->error;
+}
+
+static void report_wc_error(struct conn *c, const struct ibv_wc *wc) {
+    if (c->error) return;
+    enum wr_kind k = wr_kind_of(wc->wr_id);
+    WARN("%s: %s on QP %u to %s failed: %s (status %d, vendor error 0x%x, %u bytes). Hint: %s",
+         c->base.dev->name, wr_kind_name(k), wc->qp_num, c->peer, vb.wc_status_str(wc->status),
+         wc->status, wc->vendor_err, wc->byte_len, wc_hint(wc->status));
+}
+
+/* ------------------------------------------------------------ requests */
+static struct erdma_request *req_alloc(struct erdma_request *pool, int n, void *comm,
+                                       enum req_type type) {
+    for (int i = 0; i < n; i++) {
+        if (pool[i].type == REQ_FREE) {
+            memset(&pool[i], 0, sizeof(pool[i]));
+            pool[i].type = type;
+            pool[i].comm = comm;
+            return &pool[i];
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------ receiver side */
+int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot) {
+    struct ibv_sge sge;
+    struct ibv_recv_wr wr = {.wr_id = wr_id(WR_RECV, qp, (uint32_t)slot)}, *bad;
+    if (rc->c.completion == COMPLETION_SEND) {
+        sge.addr = (uintptr_t)&rc->ring[qp * ERDMA_RQ_DEPTH + slot];
+        sge.length = sizeof(struct wire_record);
+        sge.lkey = rc->c.ctrl_mr->lkey;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+    } /* write-with-imm consumes a receive without data: zero SGEs, as eRDMA allows */
+    int ret = verbs_errno(vb.post_recv(rc->c.qps[qp].qp, &wr, &bad));
+    if (ret)
+        WARN("%s: posting a receive on QP %u failed: %s", rc->c.base.dev->name,
+             rc->c.qps[qp].qp->qp_num, strerror(-ret));
+    return ret;
+}
+
+int p2p_recv_post_initial(struct recv_comm *rc) {
+    for (int q = 0; q < rc->c.nqps; q++)
+        for (int i = 0; i < ERDMA_RQ_DEPTH; i++) {
+            int ret = p2p_post_recv_wr(rc, q, i);
+            if (ret) return ret;
+        }
+    return 0;
+}
+
+static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec, uint32_t seq) {
+    struct recv_slot *slot = &rc->slots[seq % ERDMA_FIFO_DEPTH];
+    char why[160];
+    if (!slot->req || slot->seq != seq) {
+        WARN("%s: completion for sequence %u from %s matches no posted receive",
+             rc->c.base.dev->name, seq, rc->c.peer);
+        return conn_fail(&rc->c, -EPROTO);
+    }
+    if (++slot->got < slot->expected) return 0;
+    struct erdma_request *req = slot->req;
+    int ret = wire_record_check(rec, seq, req->n, slot->posted_sizes, why, sizeof(why));
+    if (ret) {
+        WARN("%s: corrupt completion from %s: %s", rc->c.base.dev->name, rc->c.peer, why);
+        return conn_fail(&rc->c, ret);
+    }
+    for (int i = 0; i < req->n; i++)
+        req->sizes[i] = rec->sizes[i];
+    req->done = true;
+    slot->req = NULL;
+    return 0;
+}
+
+static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
+    int q = wr_qp(wc->wr_id);
+    switch (wr_kind_of(wc->wr_id)) {
+    case WR_CTS:
+        qp_sq_retire(&rc->c.qps[q]);
+        return 0;
+    case WR_FLUSH:
+        qp_sq_retire(&rc->flush_qp);
+        rc->reqs[wr_idx(wc->wr_id)].done = true;
+        return 0;
+    case WR_RECV: {
+        struct wire_record rec;
+        uint32_t seq;
+        if (rc->c.completion == COMPLETION_IMM) {
+            if (wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM) break;
+            seq = ntohl(wc->imm_data);
+            rec = rc->rec_area[seq % ERDMA_FIFO_DEPTH];
+        } else {
+            if (wc->byte_len != sizeof(rec)) break;
+            rec = rc->ring[q * ERDMA_RQ_DEPTH + (int)wr_idx(wc->wr_id)];
+            seq = rec.seq;
+        }
+        int ret = p2p_post_recv_wr(rc, q, (int)wr_idx(wc->wr_id));
+        if (ret) return conn_fail(&rc->c, ret);
+        return recv_complete_one(rc, &rec, seq);
+    }
+    default:
+        break;
+    }
+    WARN("%s: unexpected completion (opcode %d, %u bytes, wr 0x%llx) from %s", rc->c.base.dev->name,
+         wc->opcode, wc->byte_len, (unsigned long long)wc->wr_id, rc->c.peer);
+    return conn_fail(&rc->c, -EPROTO);
+}
+
+/* ------------------------------------------------------------ sender side */
+static void send_handle_record_done(struct send_comm *sc, int q, uint32_t slot_idx) {
+    struct send_slot *slot = &sc->slots[slot_idx];
+    qp_sq_retire(&sc->c.qps[q]);
+    if (--slot->pending > 0) return;
+    for (int i = 0; i < slot->n; i++)
+        slot->sends[i].req->done = true;
+}
+
+static int send_handle_wc(struct send_comm *sc, const struct ibv_wc *wc) {
+    if (wr_kind_of(wc->wr_id) == WR_RECORD) {
+        send_handle_record_done(sc, wr_qp(wc->wr_id), wr_idx(wc->wr_id));
+        return 0;
+    }
+    WARN("%s: unexpected completion (opcode %d, wr 0x%llx) to %s", sc->c.base.dev->name, wc->opcode,
+         (unsigned long long)wc->wr_id, sc->c.peer);
+    return conn_fail(&sc->c, -EPROTO);
+}
+
+/* The share of a message that QP q carries: everything on one QP, or an even split. */
+static void qp_share(const struct conn *c, uint64_t size, int q, int used, uint64_t *off,
+                     uint64_t *len) {
+    if (used == 1) {
+        *off = 0;
+        *len = size;
+        return;
+    }
+    uint64_t chunk = ((size + (uint64_t)used - 1) / (uint64_t)used + 127) & ~127ull;
+    uint64_t start = chunk * (uint64_t)q;
+    *off = start < size ? start : size;
+    *len = start < size ? (size - start < chunk ? size - start : chunk) : 0;
+}
+
+static int wrs_for(uint64_t len, uint32_t max_msg) {
+    return len ? (int)((len + max_msg - 1) / max_msg) : 0;
+}
+
+/* Posts one matched slot. 1 posted, 0 no send-queue room yet, -errno failed. */
+static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
+    struct conn *c = &sc->c;
+    uint32_t idx = slot->seq % ERDMA_FIFO_DEPTH;
+    const struct wire_cts *cts = &sc->fifo[idx * ERDMA_MAX_RECVS];
+    int used = c->split ? c->nqps : 1;
+    int first = c->split ? 0 : (int)(slot->seq % (uint32_t)c->nqps);
+
+    for (int u = 0; u < used; u++) {
+        int need = 1;
+        for (int i = 0; i < slot->n; i++) {
+            uint64_t off, len;
+            qp_share(c, slot->sends[i].size, u, used, &off, &len);
+            need += wrs_for(len, c->max_msg);
+        }
+        if (qp_sq_room(&c->qps[first + u]) < need) return 0;
+    }
+
+    struct wire_record *rec = &sc->records[idx];
+    rec->seq = slot->seq;
+    rec->n = (uint16_t)slot->n;
+    for (int i = 0; i < slot->n; i++)
+        rec->sizes[i] = slot->sends[i].size;
+
+    for (int u = 0; u < used; u++) {
+        struct qp_ctx *q = &c->qps[first + u];
+        struct ibv_send_wr wrs[64], *bad;
+        struct ibv_sge sges[64];
+        int nwr = 0, total = 0;
+        for (int i = 0; i < slot->n; i++) {
+            uint64_t off, len;
+            qp_share(c, slot->sends[i].size, u, used, &off, &len);
+            while (len > 0) {
+                uint32_t piece = len < c->max_msg ? (uint32_t)len : c->max_msg;
+                if (nwr == 63) { /* keep one entry for the record */
+                    int ret = verbs_errno(vb.post_send(q->qp, wrs, &bad));
+                    if (ret) goto post_failed;
+                    nwr = 0;
+                }
+                sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)slot->sends[i].data + off,
+                                             .length = piece,
+                                             .lkey = slot->sends[i].lkey};
+                wrs[nwr] = (struct ibv_send_wr){
+                    .wr_id = wr_id(WR_RECORD, first + u, idx),
+                    .sg_list = &sges[nwr],
+                    .num_sge = 1,
+                    .opcode = IBV_WR_RDMA_WRITE,
+                    .wr.rdma = {.remote_addr = cts[i].addr + off, .rkey = cts[i].rkey},
+                };
+                if (nwr > 0) wrs[nwr - 1].next = &wrs[nwr];
+                nwr++;
+                total++;
+                off += piece;
+                len -= piece;
+            }
+        }
+        sges[nwr] = (struct ibv_sge){
+            .addr = (uintptr_t)rec, .length = sizeof(*rec), .lkey = c->ctrl_mr->lkey};
+        struct ibv_send_wr *w = &wrs[nwr];
+        *w = (struct ibv_send_wr){
+            .wr_id = wr_id(WR_RECORD, first + u, idx),
+            .sg_list = &sges[nwr],
+            .num_sge = 1,
+            .send_flags = IBV_SEND_SIGNALED,
+        };
+        if ((int)sizeof(*rec) <= q->max_inline) w->send_flags |= IBV_SEND_INLINE;
+        if (c->completion == COMPLETION_IMM) {
+            w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            w->imm_data = htonl(slot->seq);
+            w->wr.rdma.remote_addr = c->remote_ctrl_addr + idx * sizeof(*rec);
+            w->wr.rdma.rkey = c->remote_ctrl_rkey;
+        } else {
+            w->opcode = IBV_WR_SEND;
+        }
+        if (nwr > 0) wrs[nwr - 1].next = w;
+        total++;
+        int ret = verbs_errno(vb.post_send(q->qp, wrs, &bad));
+        if (ret) goto post_failed;
+        qp_sq_push(q, total);
+        continue;
+    post_failed:
+        WARN("%s: posting %d work request(s) on QP %u to %s failed: %s", c->base.dev->name, total,
+             q->qp->qp_num, c->peer, strerror(-ret));
+        return conn_fail(c, ret);
+    }
+    slot->pending = used;
+    slot->posted = true;
+    return 1;
+}
+
+static int send_post_ready(struct send_comm *sc) {
+    while (sc->post_seq != sc->fifo_seq) {
+        int ret = send_post_slot(sc, &sc->slots[sc->post_seq % ERDMA_FIFO_DEPTH]);
+        if (ret <= 0) return ret;
+        sc->post_seq++;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ progress */
+static int conn_progress(struct conn *c) {
+    struct ibv_wc wcs[POLL_BATCH];
+    if (c->error) return c->error;
+    int n = vb.poll_cq(c->cq, POLL_BATCH, wcs);
+    if (n < 0) {
+        WARN("%s: polling the completion queue failed (%d)", c->base.dev->name, n);
+        return conn_fail(c, -EIO);
+    }
+    for (int i = 0; i < n; i++) {
+        const struct ibv_wc *wc = &wcs[i];
+        if (wc->status != IBV_WC_SUCCESS) {
+            report_wc_error(c, wc);
+            return conn_fail(c, wc->status == IBV_WC_WR_FLUSH_ERR ? -ECONNABORTED : -EREMOTEIO);
+        }
+        int ret = c->base.kind == COMM_SEND ? send_handle_wc((struct send_comm *)c, wc)
+                                            : recv_handle_wc((struct recv_comm *)c, wc);
+        if (ret) return ret;
+    }
+    if (n == 0 && ++c->polls_since_check >= LIVENESS_EVERY) {
+        c->polls_since_check = 0;
+        int ret = oob_peer_alive(c->fd);
+        if (ret) {
+            WARN("%s: the peer %s closed its connection (process exited or node died) while "
+                 "requests were in flight",
+                 c->base.dev->name, c->peer);
+            return conn_fail(c, ret == -EPROTO ? -EPROTO : -ECONNRESET);
+        }
+    }
+    if (c->base.kind == COMM_SEND) return send_post_ready((struct send_comm *)c);
+    return 0;
+}
+
+/* ------------------------------------------------------------ API */
+int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
+    struct send_comm *sc = send_comm;
+    *request = NULL;
+    if (!sc || sc->c.base.kind != COMM_SEND) {
+        WARN("isend: not a send comm (%p)", send_comm);
+        return -EINVAL;
+    }
+    if (sc->c.error) return sc->c.error;
+    uint32_t idx = sc->fifo_seq % ERDMA_FIFO_DEPTH;
+    volatile struct wire_cts *cts = &sc->fifo[idx * ERDMA_MAX_RECVS];
+    uint32_t want = sc->fifo_seq + 1;
+    if (cts[0].seq != want) return conn_progress(&sc->c); /* receiver not ready: not an error */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    int n = cts[0].nreqs;
+    if (n < 1 || n > ERDMA_MAX_RECVS) {
+        WARN("%s: clear-to-send from %s announces %d buffers", sc->c.base.dev->name, sc->c.peer, n);
+        return conn_fail(&sc->c, -EPROTO);
+    }
+    for (int i = 1; i < n; i++)
+        if (cts[i].seq != want) return 0; /* rest of the entry still in flight */
+
+    struct send_slot *slot = &sc->slots[idx];
+    if (slot->seq != sc->fifo_seq || !slot->matched) {
+        memset(slot, 0, sizeof(*slot));
+        slot->seq = sc->fifo_seq;
+        slot->n = n;
+    }
+    int i;
+    for (i = 0; i < n; i++)
+        if (cts[i].tag == tag && !slot->sends[i].req) break;
+    if (i == n) {
+        WARN("%s: isend with tag %d matches no buffer of %s's receive #%u", sc->c.base.dev->name,
+             tag, sc->c.peer, sc->fifo_seq);
+        return -EINVAL;
+    }
+    if (size > cts[i].size) {
+        WARN("%s: isend of %zu bytes to %s but the matching receive buffer holds %llu",
+             sc->c.base.dev->name, size, sc->c.peer, (unsigned long long)cts[i].size);
+        return -EMSGSIZE;
+    }
+    struct erdma_mr *mr = mhandle;
+    if (size > 0 && !mr) {
+        WARN("%s: isend of %zu bytes without a memory handle", sc->c.base.dev->name, size);
+        return -EINVAL;
+    }
+    struct erdma_request *req = req_alloc(sc->reqs, ERDMA_SEND_REQS, sc, REQ_SEND);
+    if (!req) return 0;
+    req->n = 1;
+    req->sizes[0] = size;
+    req->seq = sc->fifo_seq;
+    slot->sends[i].req = req;
+    slot->sends[i].data = data;
+    slot->sends[i].size = size;
+    slot->sends[i].lkey = mr ? mr->mr->lkey : 0;
+    *request = req;
+    if (++slot->matched < n) return 0;
+    sc->fifo_seq++;
+    return send_post_ready(sc);
+}
+
+int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
+                void **mhandles, void **request) {
+    struct recv_comm *rc = recv_comm;
+    *request = NULL;
+    if (!rc || rc->c.base.kind != COMM_RECV) {
+        WARN("irecv: not a recv comm (%p)", recv_comm);
+        return -EINVAL;
+    }
+    if (n < 1 || n > ERDMA_MAX_RECVS) {
+        WARN("%s: irecv of %d buffers (1..%d allowed)", rc->c.base.dev->name, n, ERDMA_MAX_RECVS);
+        return -EINVAL;
+    }
+    if (rc->c.error) return rc->c.error;
+    uint32_t seq = rc->seq, idx = seq % ERDMA_FIFO_DEPTH;
+    struct recv_slot *slot = &rc->slots[idx];
+    int q = (int)(seq % (uint32_t)rc->c.nqps);
+    struct qp_ctx *qp = &rc->c.qps[q];
+    if (slot->req || qp_sq_room(qp) < 1) return conn_progress(&rc->c);
+    for (int i = 0; i < n; i++) {
+        if (sizes[i] > 0 && !mhandles[i]) {
+            WARN("%s: irecv buffer %d (%zu bytes) without a memory handle", rc->c.base.dev->name, i,
+                 sizes[i]);
+            return -EINVAL;
+        }
+    }
+    struct erdma_request *req = req_alloc(rc->reqs, ERDMA_RECV_REQS, rc, REQ_RECV);
+    if (!req) return 0;
+    req->n = n;
+    req->seq = seq;
+
+    struct wire_cts *cts = &rc->cts[idx * ERDMA_MAX_RECVS];
+    for (int i = 0; i < n; i++) {
+        struct erdma_mr *mr = mhandles[i];
+        cts[i] = (struct wire_cts){.addr = (uintptr_t)data[i],
+                                   .size = sizes[i],
+                                   .rkey = mr ? mr->mr->rkey : 0,
+                                   .tag = tags[i],
+                                   .nreqs = (uint16_t)n,
+                                   .seq = seq + 1};
+        slot->posted_sizes[i] = sizes[i];
+    }
+    slot->seq = seq;
+    slot->req = req;
+    slot->expected = rc->c.split ? rc->c.nqps : 1;
+    slot->got = 0;
+
+    uint32_t len = (uint32_t)(n * sizeof(struct wire_cts));
+    struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = len, .lkey = rc->c.ctrl_mr->lkey};
+    struct ibv_send_wr wr =
+                           {
+                               .wr_id = wr_id(WR_CTS, q, idx),
+                               .sg_list = &sge,
+                               .num_sge = 1,
+                               .opcode = IBV_WR_RDMA_WRITE,
+                               .send_flags = IBV_SEND_SIGNALED |
+                                             ((int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
+                               .wr.rdma = {.remote_addr =
+                                               rc->c.remote_ctrl_addr +
+                                               idx * ERDMA_MAX_RECVS * sizeof(struct wire_cts),
+                                           .rkey = rc->c.remote_ctrl_rkey},
+                           },
+                       *bad;
+    int ret = verbs_errno(vb.post_send(qp->qp, &wr, &bad));
+    if (ret) {
+        WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
+             qp->qp->qp_num, rc->c.peer, strerror(-ret));
+        slot->req = NULL;
+        req->type = REQ_FREE;
+        return conn_fail(&rc->c, ret);
+    }
+    qp_sq_push(qp, 1);
+    rc->seq++;
+    *request = req;
+    return 0;
+}
+
+int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **mhandles,
+                 void **request) {
+    struct recv_comm *rc = recv_comm;
+    *request = NULL;
+    if (!rc || rc->c.base.kind != COMM_RECV) return -EINVAL;
+    if (!rc->flush_ready) return 0; /* nothing to flush: NCCL treats NULL as done */
+    if (rc->c.error) return rc->c.error;
+    int last = -1;
+    for (int i = 0; i < n; i++)
+        if (sizes[i] > 0 && mhandles[i]) last = i;
+    if (last < 0) return 0;
+    if (qp_sq_room(&rc->flush_qp) < 1) {
+        WARN("%s: more than %d flushes in flight", rc->c.base.dev->name, rc->flush_qp.sq_depth);
+        return -EAGAIN;
+    }
+    struct erdma_request *req = req_alloc(rc->reqs, ERDMA_RECV_REQS, rc, REQ_FLUSH);
+    if (!req) return -EAGAIN;
+    struct erdma_mr *mr = mhandles[last];
+    /* An RDMA read of our own buffer completes only after earlier PCIe writes into it did. */
+    struct ibv_sge sge = {
+        .addr = (uintptr_t)rc->flush_buf, .length = 1, .lkey = rc->c.ctrl_mr->lkey};
+    struct ibv_send_wr wr =
+                           {
+                               .wr_id = wr_id(WR_FLUSH, 0, (uint32_t)(req - rc->reqs)),
+                               .sg_list = &sge,
+                               .num_sge = 1,
+                               .opcode = IBV_WR_RDMA_READ,
+                               .send_flags = IBV_SEND_SIGNALED,
+                               .wr.rdma = {.remote_addr = (uintptr_t)data[last],
+                                           .rkey = mr->mr->rkey},
+                           },
+                       *bad;
+    int ret = verbs_errno(vb.post_send(rc->flush_qp.qp, &wr, &bad));
+    if (ret) {
+        req->type = REQ_FREE;
+        WARN("%s: posting the flush read failed: %s", rc->c.base.dev->name, strerror(-ret));
+        return conn_fail(&rc->c, ret);
+    }
+    qp_sq_push(&rc->flush_qp, 1);
+    *request = req;
+    return 0;
+}
+
+int erdma_test(void *request, int *done, int *sizes) {
+    struct erdma_request *req = request;
+    *done = 0;
+    if (!req || req->type == REQ_FREE) {
+        WARN("test: not a live request (%p)", request);
+        return -EINVAL;
+    }
+    struct conn *c = req->comm;
+    if (!req->done) {
+        int ret = conn_progress(c);
+        if (ret) return ret;
+        if (!req->done) return 0;
+    }
+    *done = 1;
+    if (sizes && req->type != REQ_FLUSH) {
+        int n = req->type == REQ_RECV ? req->n : 1;
+        for (int i = 0; i < n; i++)
+            sizes[i] = req->sizes[i] > INT_MAX ? INT_MAX : (int)req->sizes[i];
+    }
+    req->type = REQ_FREE;
+    return 0;
+}

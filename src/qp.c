@@ -1,0 +1,134 @@
+/* Owns QP creation, state transitions and send-queue accounting. */
+#include "qp.h"
+#include "log.h"
+#include "params.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+void qp_params_from_env(struct qp_params *p, int traffic_class) {
+    p->tc = traffic_class >= 0 ? traffic_class : (int)param_int(P_IB_TC);
+    p->sl = (int)param_int(P_IB_SL);
+    p->timeout = (int)param_int(P_IB_TIMEOUT);
+    p->retry_cnt = (int)param_int(P_IB_RETRY_CNT);
+}
+
+void qp_init_attr(struct ibv_qp_init_attr *a, struct ibv_cq *cq, int sq_depth, int rq_depth,
+                  int max_inline) {
+    memset(a, 0, sizeof(*a));
+    a->send_cq = cq;
+    a->recv_cq = cq;
+    a->qp_type = IBV_QPT_RC;
+    a->cap.max_send_wr = sq_depth;
+    a->cap.max_recv_wr = rq_depth;
+    a->cap.max_send_sge = 1;
+    a->cap.max_recv_sge = 1; /* eRDMA: one receive SGE */
+    a->cap.max_inline_data = max_inline;
+}
+
+int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_depth,
+              struct qp_ctx *q) {
+    struct ibv_qp_init_attr a;
+    /* eRDMA inlines 96 bytes; some soft devices less: step down rather than fail */
+    static const int inline_try[] = {ERDMA_MAX_INLINE, 64, 0};
+    memset(q, 0, sizeof(*q));
+    for (size_t i = 0; i < sizeof(inline_try) / sizeof(inline_try[0]) && !q->qp; i++) {
+        qp_init_attr(&a, cq, sq_depth, rq_depth, inline_try[i]);
+        q->qp = vb.create_qp(dev->pd, &a);
+    }
+    if (!q->qp) {
+        int err = errno ? errno : ENOMEM;
+        WARN("%s: ibv_create_qp(RC, send %d, recv %d) failed: %s", dev->name, sq_depth, rq_depth,
+             strerror(err));
+        return -err;
+    }
+    q->sq_depth = sq_depth;
+    q->max_inline = (int)a.cap.max_inline_data;
+    if (q->max_inline > ERDMA_MAX_INLINE) q->max_inline = ERDMA_MAX_INLINE;
+
+    struct ibv_qp_attr attr = {
+        .qp_state = IBV_QPS_INIT,
+        .pkey_index = 0,
+        .port_num = (uint8_t)dev->port,
+        .qp_access_flags =
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+    };
+    int rc = verbs_errno(vb.modify_qp(
+        q->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+    if (rc) {
+        WARN("%s: QP %u to INIT failed: %s", dev->name, q->qp->qp_num, strerror(-rc));
+        vb.destroy_qp(q->qp);
+        q->qp = NULL;
+        return rc;
+    }
+    return 0;
+}
+
+int qp_connect_gid(struct erdma_device *dev, struct qp_ctx *q, uint32_t remote_qpn,
+                   const uint8_t remote_gid[16], enum ibv_mtu mtu, const struct qp_params *p,
+                   const char *peer) {
+    struct ibv_qp_attr attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.qp_state = IBV_QPS_RTR;
+    attr.path_mtu = mtu;
+    attr.dest_qp_num = remote_qpn;
+    attr.rq_psn = 0;
+    attr.max_dest_rd_atomic = 1;
+    attr.min_rnr_timer = 12;
+    attr.ah_attr.is_global = 1;
+    memcpy(attr.ah_attr.grh.dgid.raw, remote_gid, 16);
+    attr.ah_attr.grh.sgid_index = (uint8_t)dev->gid_index;
+    attr.ah_attr.grh.hop_limit = 255;
+    attr.ah_attr.grh.traffic_class = (uint8_t)p->tc;
+    attr.ah_attr.sl = (uint8_t)p->sl;
+    attr.ah_attr.port_num = (uint8_t)dev->port;
+    int rc = verbs_errno(vb.modify_qp(q->qp, &attr,
+                                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                          IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                          IBV_QP_MIN_RNR_TIMER));
+    if (rc) {
+        WARN("%s: QP %u to RTR towards %s (remote QP %u, GID index %d) failed: %s. A wrong "
+             "NCCL_IB_GID_INDEX is the usual cause; eRDMA compat mode wants 1.",
+             dev->name, q->qp->qp_num, peer, remote_qpn, dev->gid_index, strerror(-rc));
+        return rc;
+    }
+    memset(&attr, 0, sizeof(attr));
+    attr.qp_state = IBV_QPS_RTS;
+    attr.timeout = (uint8_t)p->timeout;
+    attr.retry_cnt = (uint8_t)p->retry_cnt;
+    attr.rnr_retry = 7;
+    attr.sq_psn = 0;
+    attr.max_rd_atomic = 1;
+    rc = verbs_errno(vb.modify_qp(q->qp, &attr,
+                                  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
+    if (rc) {
+        WARN("%s: QP %u to RTS failed: %s", dev->name, q->qp->qp_num, strerror(-rc));
+        return rc;
+    }
+    return 0;
+}
+
+void qp_destroy(struct qp_ctx *q) {
+    if (q->cm_id) {
+        if (q->qp) vb.cm_destroy_qp(q->cm_id);
+        vb.cm_destroy_id(q->cm_id);
+    } else if (q->qp) {
+        vb.destroy_qp(q->qp);
+    }
+    q->qp = NULL;
+    q->cm_id = NULL;
+}
+
+void qp_sq_push(struct qp_ctx *q, int nwr) {
+    q->sq_used += nwr;
+    q->sig_ring[q->sig_tail] = (uint16_t)nwr;
+    q->sig_tail = (q->sig_tail + 1) % ERDMA_MAX_SQ_WR;
+}
+
+void qp_sq_retire(struct qp_ctx *q) {
+    if (q->sig_head == q->sig_tail) return;
+    q->sq_used -= q->sig_ring[q->sig_head];
+    q->sig_head = (q->sig_head + 1) % ERDMA_MAX_SQ_WR;
+}

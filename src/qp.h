@@ -1,0 +1,36 @@
+/*
+ * RC queue pairs: creation within eRDMA's limits (1 receive SGE, 96-byte
+ * inline, send queue <= 8192, no SRQ) and the INIT->RTR->RTS walk for GID
+ * addressing. rdma_cm-managed QPs are created in cm.c with the same caps.
+ */
+#ifndef ERDMA_QP_H
+#define ERDMA_QP_H
+
+#include "comm.h"
+
+struct qp_params {
+    int tc; /* traffic class */
+    int sl;
+    int timeout;
+    int retry_cnt;
+};
+
+void qp_params_from_env(struct qp_params *p, int traffic_class);
+void qp_init_attr(struct ibv_qp_init_attr *a, struct ibv_cq *cq, int sq_depth, int rq_depth,
+                  int max_inline);
+/* Create an RC QP and move it to INIT (GID mode). */
+int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_depth,
+              struct qp_ctx *q);
+/* RTR + RTS towards (remote_qpn, remote_gid). */
+int qp_connect_gid(struct erdma_device *dev, struct qp_ctx *q, uint32_t remote_qpn,
+                   const uint8_t remote_gid[16], enum ibv_mtu mtu, const struct qp_params *p,
+                   const char *peer);
+void qp_destroy(struct qp_ctx *q);
+/* Send-queue accounting: room for n more WRs? Record a signaled batch; retire one. */
+static inline int qp_sq_room(const struct qp_ctx *q) {
+    return q->sq_depth - q->sq_used;
+}
+void qp_sq_push(struct qp_ctx *q, int nwr);
+void qp_sq_retire(struct qp_ctx *q);
+
+#endif

@@ -1,0 +1,93 @@
+/*
+ * Everything that crosses the network outside RDMA payloads: the listen
+ * handle NCCL ships through its bootstrap, the out-of-band connection
+ * messages, the clear-to-send FIFO entries and the completion records.
+ * Every parser of peer bytes lives in wire.c and validates before use.
+ */
+#ifndef ERDMA_WIRE_H
+#define ERDMA_WIRE_H
+
+#include "device.h"
+#include "nccl_net_abi.h"
+
+#include <netinet/in.h>
+#include <stdint.h>
+
+#define WIRE_MAGIC       0x65524d41u /* "eRMA" */
+#define WIRE_VERSION     1
+#define ERDMA_MAX_QPS    16
+#define ERDMA_FIFO_DEPTH NCCL_NET_MAX_REQUESTS
+
+/* NCCL treats the handle as opaque bytes; ours must fit its 128. */
+struct wire_handle {
+    uint32_t magic;
+    uint16_t version;
+    uint8_t connect_mode;
+    uint8_t reserved;
+    uint64_t nonce;          /* identifies one listen comm: a stale handle fails fast */
+    struct sockaddr_in addr; /* TCP listener */
+    uint16_t cm_port;        /* rdma_cm listener (network order), 0 in GID mode */
+    uint16_t reserved2;
+    uint32_t checksum; /* over everything above */
+};
+_Static_assert(sizeof(struct wire_handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large");
+
+enum wire_msg_type { MSG_HELLO = 1, MSG_REPLY = 2, MSG_READY = 3 };
+
+/* HELLO (sender -> receiver) and REPLY (receiver -> sender). */
+struct wire_conn_msg {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    uint32_t length; /* sizeof(struct wire_conn_msg) */
+    uint32_t checksum;
+    uint64_t nonce;
+    uint8_t nqps;
+    uint8_t completion; /* enum completion_mode */
+    uint8_t connect_mode;
+    uint8_t mtu; /* enum ibv_mtu */
+    uint8_t split;
+    uint8_t reserved[3];
+    uint32_t qpn[ERDMA_MAX_QPS];
+    uint8_t gid[16];
+    uint16_t lid;
+    uint16_t reserved2;
+    uint32_t ctrl_rkey; /* sender: its FIFO; receiver: its record area */
+    uint64_t ctrl_addr;
+    uint32_t max_msg_sz;
+    uint32_t reserved3;
+};
+
+/* Written by the receiver into the sender's FIFO slot: one entry per buffer. */
+struct wire_cts {
+    uint64_t addr;
+    uint64_t size;
+    uint32_t rkey;
+    int32_t tag;
+    uint16_t nreqs;
+    uint16_t reserved;
+    uint32_t seq; /* slot sequence + 1: a stale or unwritten entry never matches */
+};
+_Static_assert(sizeof(struct wire_cts) == 32, "cts entry layout");
+
+/* Sent by the sender when a slot's payload is placed (write-with-imm target or SEND). */
+struct wire_record {
+    uint32_t seq;
+    uint16_t n;
+    uint16_t reserved;
+    uint64_t sizes[ERDMA_MAX_RECVS];
+};
+_Static_assert(sizeof(struct wire_record) <= ERDMA_MAX_INLINE, "record must fit inline");
+
+uint32_t wire_checksum(const void *data, size_t len);
+void wire_handle_seal(struct wire_handle *h);
+/* 0, or -EBADMSG with a reason in why (a garbage or foreign handle). */
+int wire_handle_check(const struct wire_handle *h, char *why, int whylen);
+void wire_msg_seal(struct wire_conn_msg *m, enum wire_msg_type type);
+/* Validates a message read from the peer: magic, version, type, length, checksum, counts. */
+int wire_msg_check(const struct wire_conn_msg *m, enum wire_msg_type type, char *why, int whylen);
+/* Validates a completion record against what was posted. */
+int wire_record_check(const struct wire_record *r, uint32_t seq, int nposted,
+                      const uint64_t *posted_sizes, char *why, int whylen);
+
+#endif

@@ -1,0 +1,263 @@
+/*
+ * Integration: device discovery through dlopen on the VM's real devices
+ * (rxe0 = RoCE v2 like eRDMA compat mode, siw0 = iWARP like standard mode).
+ */
+#include "plugin_loader.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+static const char *const env_knobs[] = {"NCCL_IB_HCA",
+                                        "NCCL_IB_GID_INDEX",
+                                        "NCCL_ERDMA_IBVERBS_LIB",
+                                        "NCCL_ERDMA_CONNECT_MODE",
+                                        "NCCL_IB_DISABLE",
+                                        "NCCL_ERDMA_PORT_SPEED",
+                                        NULL};
+
+static int setup(void **state) {
+    for (int i = 0; env_knobs[i]; i++)
+        unsetenv(env_knobs[i]);
+    log_reset();
+    struct plugin *p = calloc(1, sizeof(*p));
+    assert_int_equal(plugin_open(p), 0);
+    *state = p;
+    return 0;
+}
+
+static int teardown(void **state) {
+    plugin_close(*state);
+    free(*state);
+    return 0;
+}
+
+static void test_requires_vm(void **state) {
+    /* The devices below exist only in the test VM: outside it this is a failure, never a skip. */
+    assert_true(in_rdma_vm());
+}
+
+static void test_exports_every_version(void **state) {
+    struct plugin *p = *state;
+    assert_non_null(p->v8);
+    assert_non_null(p->v9);
+    assert_non_null(p->v10);
+    assert_non_null(p->v11);
+    assert_non_null(p->v12);
+    assert_string_equal(p->v8->name, "eRDMA");
+    assert_string_equal(p->v12->name, "eRDMA");
+    assert_non_null(p->v12->finalize);
+}
+
+static int find_dev_v12(const struct plugin *p, int ndev, const char *name,
+                        ncclNetProperties_v12_t *out) {
+    for (int i = 0; i < ndev; i++) {
+        assert_int_equal(p->v12->getProperties(i, out), ncclSuccess);
+        if (!strcmp(out->name, name)) return i;
+    }
+    return -1;
+}
+
+static void test_devices_v12(void **state) {
+    struct plugin *p = *state;
+    void *ctx = NULL;
+    ncclNetCommConfig_t cfg = {.trafficClass = -1};
+    assert_int_equal(p->v12->init(&ctx, 1, &cfg, log_capture, NULL), ncclSuccess);
+    int ndev = 0;
+    assert_int_equal(p->v12->devices(&ndev), ncclSuccess);
+    assert_int_equal(ndev, 2);
+
+    ncclNetProperties_v12_t pr;
+    assert_true(find_dev_v12(p, ndev, "rxe0", &pr) >= 0);
+    assert_int_equal(pr.port, 1);
+    assert_true(pr.ptrSupport & NCCL_PTR_HOST);
+    assert_false(pr.ptrSupport & NCCL_PTR_DMABUF); /* no dma-buf on rxe: the probe must say so */
+    assert_true(pr.speed > 0);
+    assert_int_equal(pr.maxRecvs, 8);
+    assert_int_equal(pr.regIsGlobal, 1);
+    assert_int_not_equal(pr.guid, 0);
+    assert_non_null(pr.pciPath); /* rxe has no PCI device: its netdev's virtio function */
+    assert_non_null(strstr(pr.pciPath, "/devices/pci"));
+    assert_int_equal(pr.vProps.ndevs, 1);
+    assert_true(pr.maxP2pBytes >= (1ull << 31));
+
+    assert_true(find_dev_v12(p, ndev, "siw0", &pr) >= 0);
+    assert_true(pr.speed > 0);
+
+    assert_true(log_contains("Using [0]rxe0:1/RoCE/GID1 [1]siw0:1/iWARP ; OOB eth0:10.77.0.1"));
+    assert_int_equal(p->v12->getProperties(ndev, &pr), ncclInvalidArgument);
+    assert_int_equal(p->v12->finalize(ctx), ncclSuccess);
+}
+
+static void test_devices_every_version(void **state) {
+    struct plugin *p = *state;
+    int ndev = 0;
+    ncclNetProperties_v8_t p8;
+    ncclNetProperties_v9_t p9;
+    ncclNetProperties_v11_t p11;
+
+    assert_int_equal(p->v8->init(log_capture), ncclSuccess);
+    assert_int_equal(p->v8->devices(&ndev), ncclSuccess);
+    assert_int_equal(ndev, 2);
+    assert_int_equal(p->v8->getProperties(0, &p8), ncclSuccess);
+    assert_string_equal(p8.name, "rxe0");
+    assert_int_equal(p8.regIsGlobal, 1);
+    assert_int_equal(p->v9->init(log_capture), ncclSuccess);
+    assert_int_equal(p->v9->getProperties(1, &p9), ncclSuccess);
+    assert_string_equal(p9.name, "siw0");
+    assert_int_equal(p9.forceFlush, 0);
+    assert_int_equal(p->v10->init(log_capture, NULL), ncclSuccess);
+    assert_int_equal(p->v10->getProperties(0, &p9), ncclSuccess);
+    void *ctx;
+    assert_int_equal(p->v11->init(&ctx, 7, NULL, log_capture, NULL), ncclSuccess);
+    assert_int_equal(p->v11->getProperties(0, &p11), ncclSuccess);
+    assert_int_equal(p11.maxMultiRequestSize, 1);
+    assert_int_equal(p->v11->finalize(ctx), ncclSuccess);
+}
+
+static void test_hca_filter(void **state) {
+    struct plugin *p = *state;
+    ncclNetProperties_v8_t pr;
+    int ndev;
+
+    setenv("NCCL_IB_HCA", "rxe", 1);
+    assert_int_equal(p->v8->init(log_capture), ncclSuccess);
+    assert_int_equal(p->v8->devices(&ndev), ncclSuccess);
+    assert_int_equal(ndev, 1);
+    assert_int_equal(p->v8->getProperties(0, &pr), ncclSuccess);
+    assert_string_equal(pr.name, "rxe0");
+    plugin_close(p);
+
+    const struct {
+        const char *spec;
+        const char *only;
+    } cases[] = {
+        {"^rxe", "siw0"}, {"=siw0:1", "siw0"}, {"=rxe0", "rxe0"}, {"siw0:1,nothere", "siw0"}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        assert_int_equal(plugin_open(p), 0);
+        setenv("NCCL_IB_HCA", cases[i].spec, 1);
+        assert_int_equal(p->v8->init(log_capture), ncclSuccess);
+        assert_int_equal(p->v8->devices(&ndev), ncclSuccess);
+        assert_int_equal(ndev, 1);
+        assert_int_equal(p->v8->getProperties(0, &pr), ncclSuccess);
+        assert_string_equal(pr.name, cases[i].only);
+        plugin_close(p);
+    }
+    /* exact match does not prefix-match, and a wrong port matches nothing */
+    const char *none[] = {"=rxe", "rxe0:2", "mlx5"};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(plugin_open(p), 0);
+        setenv("NCCL_IB_HCA", none[i], 1);
+        log_reset();
+        assert_int_not_equal(p->v8->init(log_capture), ncclSuccess);
+        assert_true(log_contains("matches no ACTIVE RDMA port"));
+        plugin_close(p);
+    }
+    assert_int_equal(plugin_open(p), 0);
+    unsetenv("NCCL_IB_HCA");
+}
+
+static void test_missing_libibverbs(void **state) {
+    struct plugin *p = *state;
+    setenv("NCCL_ERDMA_IBVERBS_LIB", "libibverbs-not-installed.so.1", 1);
+    assert_int_equal(p->v8->init(log_capture), ncclSystemError);
+    assert_true(log_contains("WARN NET/eRDMA : cannot load libibverbs-not-installed.so.1"));
+    assert_true(log_contains("libibverbs1 and ibverbs-providers"));
+    /* the same process can recover once the library is there */
+    plugin_close(p);
+    unsetenv("NCCL_ERDMA_IBVERBS_LIB");
+    assert_int_equal(plugin_open(p), 0);
+    assert_int_equal(p->v8->init(log_capture), ncclSuccess);
+}
+
+static void test_bad_gid_index_value(void **state) {
+    struct plugin *p = *state;
+    int ndev;
+    setenv("NCCL_IB_GID_INDEX", "abc", 1);
+    assert_int_equal(p->v8->init(log_capture), ncclSuccess);
+    assert_true(log_contains("NCCL_IB_GID_INDEX=\"abc\" is not valid"));
+    assert_true(log_contains("[0]rxe0:1/RoCE/GID1"));
+    assert_int_equal(p->v8->devices(&ndev), ncclSuccess);
+    assert_int_equal(ndev, 2);
+}
+
+static void test_link_local_gid_index_falls_back(void **state) {
+    struct plugin *p = *state;
+    setenv("NCCL_IB_GID_INDEX", "0", 1);
+    assert_int_equal(p->v8->init(log_capture), ncclSuccess);
+    assert_true(log_contains("GID index 0 is link-local"));
+    assert_true(log_contains("using GID index 1 (::ffff:10.77.0.1)"));
+    assert_true(log_contains("[0]rxe0:1/RoCE/GID1"));
+}
+
+static void test_gid_index_out_of_range(void **state) {
+    struct plugin *p = *state;
+    setenv("NCCL_IB_GID_INDEX", "200", 1);
+    assert_int_equal(p->v8->init(log_capture), ncclSuccess);
+    assert_true(log_contains("GID index 200 is beyond the GID table"));
+    assert_true(log_contains("[0]rxe0:1/RoCE/GID1"));
+}
+
+static void test_gid_mode_forced_on_iwarp(void **state) {
+    struct plugin *p = *state;
+    int ndev;
+    setenv("NCCL_ERDMA_CONNECT_MODE", "gid", 1);
+    assert_int_equal(p->v8->init(log_capture), ncclSuccess);
+    assert_true(log_contains("siw0 is an iWARP device"));
+    assert_int_equal(p->v8->devices(&ndev), ncclSuccess);
+    assert_int_equal(ndev, 1);
+}
+
+static void test_disable(void **state) {
+    struct plugin *p = *state;
+    setenv("NCCL_IB_DISABLE", "1", 1);
+    assert_int_not_equal(p->v8->init(log_capture), ncclSuccess);
+}
+
+static void test_port_speed_override(void **state) {
+    struct plugin *p = *state;
+    ncclNetProperties_v8_t pr;
+    setenv("NCCL_ERDMA_PORT_SPEED", "200000", 1);
+    assert_int_equal(p->v8->init(log_capture), ncclSuccess);
+    assert_int_equal(p->v8->getProperties(0, &pr), ncclSuccess);
+    assert_int_equal(pr.speed, 200000);
+    assert_true(log_contains("speed 200000 Mb/s (NCCL_ERDMA_PORT_SPEED)"));
+}
+
+static void test_reinit_after_finalize(void **state) {
+    struct plugin *p = *state;
+    for (int round = 0; round < 3; round++) {
+        void *ctx;
+        int ndev = 0;
+        assert_int_equal(p->v12->init(&ctx, (uint64_t)round, NULL, log_capture, NULL), ncclSuccess);
+        assert_int_equal(p->v12->devices(&ndev), ncclSuccess);
+        assert_int_equal(ndev, 2);
+        assert_int_equal(p->v12->finalize(ctx), ncclSuccess);
+        plugin_close(p);
+        assert_int_equal(plugin_open(p), 0);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_requires_vm),
+        cmocka_unit_test_setup_teardown(test_exports_every_version, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_devices_v12, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_devices_every_version, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hca_filter, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_missing_libibverbs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_gid_index_value, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_link_local_gid_index_falls_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gid_index_out_of_range, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gid_mode_forced_on_iwarp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_disable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_port_speed_override, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reinit_after_finalize, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("integration: devices", tests, NULL, NULL);
+}

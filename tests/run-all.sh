@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs every test on a fresh machine: installs what it needs (apt packages and the
+# VM kernel cache), builds with warnings as errors, runs the unit tests on the host
+# and the integration tests inside the RDMA VM (rxe0 + siw0), then the same
+# integration suite again under AddressSanitizer + UBSan.
+# Fails when any test fails, is skipped, or did not run.
+#
+#   tests/run-all.sh            everything
+#   ERDMA_SKIP_ASAN=1 ...       skip the sanitizer pass (local iteration only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUILD=${ERDMA_BUILD_DIR:-$ROOT/build-ci}
+ASAN_BUILD=${ERDMA_ASAN_BUILD_DIR:-$ROOT/build-asan}
+LOGDIR=$BUILD/test-logs
+
+step() { printf '\n=== %s\n' "$*"; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+step "install build and test dependencies"
+PKGS=(build-essential cmake pkg-config libcmocka-dev libibverbs-dev librdmacm-dev
+      rdma-core ibverbs-providers perftest valgrind iproute2 clang-format)
+missing=()
+for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+tests/vm/run-in-rdma-vm.sh --prepare
+
+build() { # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DERDMA_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j"$(nproc)"
+}
+
+step "format check (clang-format)"
+tests/check-format.sh
+
+step "build (-Werror)"
+build "$BUILD"
+
+mkdir -p "$LOGDIR"
+fail=0
+check_log() { # a skipped or not-run test is a failure here
+  if grep -Eq '\[  SKIPPED \]|Not Run|\*\*\*Skipped|No tests were found' "$1"; then
+    echo "FAIL: tests were skipped or not run (see $1)"; fail=1
+  fi
+}
+
+step "unit tests (host)"
+if ! ctest --test-dir "$BUILD" -L unit --output-on-failure 2>&1 | tee "$LOGDIR/unit.log"; then fail=1; fi
+check_log "$LOGDIR/unit.log"
+
+step "integration tests (RDMA VM: rxe0 + siw0)"
+if ! tests/vm/run-in-rdma-vm.sh ctest --test-dir "$BUILD" -L vm --output-on-failure 2>&1 | tee "$LOGDIR/vm.log"; then fail=1; fi
+check_log "$LOGDIR/vm.log"
+
+if [ "${ERDMA_SKIP_ASAN:-0}" != 1 ]; then
+  step "integration tests under ASan + UBSan (RDMA VM)"
+  build "$ASAN_BUILD" -DERDMA_SANITIZE=ON
+  if ! tests/vm/run-in-rdma-vm.sh env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+      UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      ctest --test-dir "$ASAN_BUILD" -L vm --output-on-failure 2>&1 | tee "$LOGDIR/vm-asan.log"; then fail=1; fi
+  check_log "$LOGDIR/vm-asan.log"
+else
+  echo "WARNING: ASan pass skipped (ERDMA_SKIP_ASAN=1)"
+fi
+
+if [ $fail != 0 ]; then echo; echo "run-all: FAILED"; exit 1; fi
+echo; echo "run-all: all tests passed"
