@@ -607,6 +607,16 @@ static void compare_endpoints(const struct xml_node *file, const struct xml_node
     }
 }
 
+static const struct xml_node *find_pci(const struct xml_node *n, const char *busid) {
+    const char *v = xml_get(n, "busid");
+    if (!strcmp(n->name, "pci") && v && !strcmp(v, busid)) return n;
+    for (int i = 0; i < n->nsubs; i++) {
+        const struct xml_node *hit = find_pci(n->subs[i], busid);
+        if (hit) return hit;
+    }
+    return NULL;
+}
+
 int topo_check_node(const struct xml_node *root, const struct topo_node *node, struct topo_err *e) {
     struct topo_err local = {0};
     if (!e) e = &local;
@@ -625,9 +635,20 @@ int topo_check_node(const struct xml_node *root, const struct topo_node *node, s
     int npci = collect(root, "pci", pcis, 256, 0);
     for (int i = 0; i < npci; i++) {
         const char *busid = xml_get(pcis[i], "busid");
-        if (busid && !sysfs_exists("/sys/bus/pci/devices/%s", busid))
+        if (busid && !sysfs_exists("/sys/bus/pci/devices/%s", busid)) {
             err_add(e, "line %d: PCI function %s does not exist on this node", pcis[i]->line,
                     busid);
+            continue;
+        }
+        /* NCCL keeps what the file says over sysfs, so a wrong link speed would stick. */
+        const struct xml_node *twin = busid ? find_pci(gen, busid) : NULL;
+        for (int a = 0; twin && a < pcis[i]->nattrs; a++) {
+            const char *k = pcis[i]->attrs[a].key, *v = pcis[i]->attrs[a].value;
+            const char *real = xml_get(twin, k);
+            if (real && strcmp(real, v))
+                err_add(e, "line %d: %s %s=\"%s\" but this node says \"%s\"", pcis[i]->line, busid,
+                        k, v, real);
+        }
     }
     xml_free(gen);
     return e->count > before ? -EINVAL : 0;
@@ -709,6 +730,10 @@ static void check_channel(const struct xml_node *ch, int c, const struct xml_nod
     check_local(first, by_dev(tnets, ntnet, netdev[0]), ch->line, c, e);
     /* A ring sends to the network from its last GPU; a tree only from its head. */
     if (pattern == 4) check_local(last, by_dev(tnets, ntnet, netdev[1]), ch->line, c, e);
+    /* Balanced and split trees hang tree children off the second GPU too. */
+    if ((pattern == 1 || pattern == 2) && ngpu > 1)
+        check_local(by_dev(tgpus, ntgpu, gpuorder[1]), by_dev(tnets, ntnet, netdev[1]), ch->line, c,
+                    e);
 }
 
 static void check_graph(const struct xml_node *g, const struct xml_node **tgpus, int ntgpu,
