@@ -8,6 +8,7 @@
 #include "device.h"
 #include "log.h"
 #include "mr_cache.h"
+#include "mtu_guard.h"
 #include "params.h"
 #include "verbs.h"
 
@@ -39,6 +40,7 @@ int erdma_init(ncclDebugLogger_t logger) {
         verbs_close();
         goto fail;
     }
+    mtu_guard_run();
     rc = 0;
     goto out;
 fail:
