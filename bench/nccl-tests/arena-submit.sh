@@ -14,6 +14,7 @@ MODE=${MODE:-pytorch}
 IMAGE=${IMAGE:?set IMAGE to a training image with the eRDMA plugin}
 WORKERS=${WORKERS:-2}
 GPUS=${GPUS:-8}
+# shellcheck disable=SC2054 # the commas are inside NCCL_IB_HCA
 ENV_FLAGS=(--env=NCCL_NET_PLUGIN=erdma --env=NCCL_IB_HCA=erdma_0,erdma_1
            --env=NCCL_IB_GID_INDEX=1 --env=NCCL_DEBUG=INFO --env=NCCL_DEBUG_SUBSYS=INIT,NET,ENV)
 
