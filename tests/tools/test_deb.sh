@@ -14,9 +14,13 @@ trap 'rm -rf "$tmp"' EXIT
 deb=$(ls "$tmp"/out/nccl-net-erdma_*.deb)
 echo "built $(basename "$deb")"
 [ "$(dpkg-deb -f "$deb" Package)" = nccl-net-erdma ]
-dpkg-deb -f "$deb" Depends | grep -q 'libibverbs1' 
-dpkg-deb -f "$deb" Depends | grep -q 'librdmacm1'
-dpkg-deb -c "$deb" | grep -q './usr/bin/nccl-erdma-doctor'
+# (grep -q on a pipe would SIGPIPE dpkg-deb under pipefail: read into variables first)
+depends=$(dpkg-deb -f "$deb" Depends)
+grep -q 'libibverbs1' <<<"$depends"
+grep -q 'librdmacm1' <<<"$depends"
+contents=$(dpkg-deb -c "$deb")
+grep -q '\./usr/lib/libnccl-net-erdma\.so$' <<<"$contents"
+grep -q '\./usr/bin/nccl-erdma-doctor$' <<<"$contents"
 dpkg-deb -x "$deb" "$tmp/root"
 "$PROBE" "$tmp/root/usr/lib/libnccl-net-erdma.so"
 LD_LIBRARY_PATH=$tmp/root/usr/lib "$PROBE" libnccl-net-erdma.so

@@ -4,6 +4,7 @@
 #   test_doctor.sh json|sync the JSON output; the plugin API list against src/exports.map
 # Each case asserts the exit status and one line of output; any miss fails the test.
 set -uo pipefail
+# shellcheck disable=SC2046,SC2001 # $(tree X) splits into options on purpose
 HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
 DOCTOR=${DOCTOR:-$SRC/tools/nccl-erdma-doctor}
