@@ -1,0 +1,1061 @@
+/*
+ * Integration: failure handling, on every VM device (ITEST_DEVICES, default
+ * "rxe0,siw0"), API v12. A dead peer, a late or missing listener, bytes that
+ * are not ours, memory that cannot be registered, and many connect/close
+ * cycles must each end in a clear error or clean success: never a hang, a
+ * crash or a leak. Measured figures are printed as "FIGURE: ..." lines.
+ *
+ * ITEST_ONLY=<substring> runs only the cases whose name contains it;
+ * ITEST_CYCLES=<n> sets the connect/close cycles (default 1000).
+ */
+#define _GNU_SOURCE
+#include "netapi.h"
+#include "wire.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#define TMO          60
+#define DETECT_LIMIT 2.0 /* seconds a survivor may take to notice a dead peer */
+#define BIG          (64u << 20)
+#define SMALL        4096
+
+struct cfg {
+    char dev[16];
+    int version;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *page_alloc(size_t len) {
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, len ? len : 1)) return NULL;
+    return p;
+}
+
+static void handle_ip(const void *handle, char *ip, size_t len) {
+    const struct wire_handle *h = handle;
+    inet_ntop(AF_INET, &h->addr.sin_addr, ip, (socklen_t)len);
+}
+
+static void handle_addr(const void *handle, char *out, size_t len) {
+    const struct wire_handle *h = handle;
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &h->addr.sin_addr, ip, sizeof(ip));
+    snprintf(out, len, "%s:%u", ip, ntohs(h->addr.sin_port));
+}
+
+static void figure(const char *fmt, ...) {
+    va_list ap;
+    char line[256];
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    printf("FIGURE: %s\n", line);
+    fflush(stdout);
+    const char *path = getenv("ITEST_FIGURES");
+    FILE *f = path ? fopen(path, "a") : NULL;
+    if (f) {
+        fprintf(f, "%s\n", line);
+        fclose(f);
+    }
+}
+
+/* ------------------------------------------------------------ a survivor and a victim
+ * The survivor kills the victim with SIGKILL, so duo_run (which wants both to exit 0)
+ * does not fit: both run in fresh processes forked here before the plugin is loaded. */
+static pid_t victim_pid;
+
+static int pair_run(duo_fn survivor, duo_fn victim, void *arg, int timeout_s) {
+    struct duo d = {0};
+    if (pipe(d.to_child) || pipe(d.to_parent)) return -1;
+    fflush(NULL);
+    pid_t v = fork();
+    if (v == 0) {
+        d.is_child = 1;
+        alarm((unsigned)timeout_s);
+        int rc = victim(&d, arg);
+        fflush(NULL);
+        _exit(rc == 0 ? 0 : 1);
+    }
+    victim_pid = v;
+    pid_t s = fork();
+    if (s == 0) {
+        d.is_child = 0;
+        alarm((unsigned)timeout_s);
+        int rc = survivor(&d, arg);
+        fflush(NULL);
+        _exit(rc == 0 ? 0 : 1);
+    }
+    close(d.to_child[0]);
+    close(d.to_child[1]);
+    close(d.to_parent[0]);
+    close(d.to_parent[1]);
+    int status = 0, ok = 0;
+    if (s > 0 && waitpid(s, &status, 0) == s && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        ok = 1;
+    else
+        fprintf(stderr, "survivor failed (status 0x%x)\n", status);
+    if (v > 0) {
+        kill(v, SIGKILL);
+        waitpid(v, NULL, 0);
+    }
+    return ok ? 0 : -1;
+}
+
+/* ------------------------------------------------------------ scenarios: peer death */
+struct side {
+    struct netapi n;
+    void *lc, *comm, *mh;
+    uint8_t *buf;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    char ip[INET_ADDRSTRLEN];
+};
+
+static int recv_open(struct duo *d, const struct cfg *c, struct side *s, size_t len) {
+    CHECK(net_open(&s->n, c->version, c->dev) == 0);
+    CHECK(net_listen(&s->n, s->handle, &s->lc) == 0);
+    handle_ip(s->handle, s->ip, sizeof(s->ip));
+    CHECK(duo_send(d, s->handle, sizeof(s->handle)) == 0);
+    CHECK(net_accept(&s->n, s->lc, &s->comm, TMO) == 0);
+    CHECK((s->buf = page_alloc(len)) != NULL);
+    CHECK(net_regmr(&s->n, s->comm, s->buf, len, &s->mh) == 0);
+    return 0;
+}
+
+static int send_open(struct duo *d, const struct cfg *c, struct side *s, size_t len) {
+    CHECK(net_open(&s->n, c->version, c->dev) == 0);
+    CHECK(duo_recv(d, s->handle, sizeof(s->handle)) == 0);
+    handle_ip(s->handle, s->ip, sizeof(s->ip));
+    CHECK(net_connect(&s->n, s->handle, &s->comm, TMO) == 0);
+    CHECK((s->buf = page_alloc(len)) != NULL);
+    pattern_fill(s->buf, len, 1);
+    CHECK(net_regmr(&s->n, s->comm, s->buf, len, &s->mh) == 0);
+    return 0;
+}
+
+static int post_recv(struct side *s, size_t len, void **req) {
+    void *data = s->buf;
+    int tag = 0;
+    return net_irecv(&s->n, s->comm, 1, &data, &len, &tag, &s->mh, req, TMO);
+}
+
+static int kill_victim(double *t0) {
+    CHECK(kill(victim_pid, SIGKILL) == 0);
+    *t0 = now_s();
+    return 0;
+}
+
+/* After the kill: the survivor's next calls must fail with ncclRemoteError within
+ * DETECT_LIMIT, and the WARN must name the peer's address and the device. */
+static int expect_detected(struct side *s, const struct cfg *c, double t0, int rc,
+                           const char *what) {
+    double dt = now_s() - t0;
+    fprintf(stderr, "%s on %s: rc %d after %.3f s\n", what, c->dev, rc, dt);
+    CHECK(rc != 0);
+    CHECK(rc == ncclRemoteError);
+    CHECK(dt < DETECT_LIMIT);
+    if (!log_contains(s->ip) || !log_contains(c->dev))
+        fprintf(stderr, "log does not name the peer %s and the device %s:\n%s", s->ip, c->dev,
+                log_text());
+    CHECK(log_contains(s->ip));
+    CHECK(log_contains(c->dev));
+    figure("peer-death detection on %s, %s: %.2f s", c->dev, what, dt);
+    return 0;
+}
+
+/* test() a request until it fails or the limit passes; a request that completes (the
+ * transfer beat the kill) is replaced by a fresh receive/send through repost. */
+static int wait_for_error(struct side *s, void *req, int (*repost)(struct side *, void **),
+                          double t0, int *rc_out) {
+    int rc = 0, done = 0, sizes[8];
+    while (now_s() - t0 < 5 * DETECT_LIMIT) {
+        rc = net_test(&s->n, req, &done, sizes);
+        if (rc) break;
+        if (done) {
+            fprintf(stderr, "  (the request completed before the kill took effect; reposting)\n");
+            done = 0;
+            req = NULL;
+            rc = repost(s, &req);
+            if (rc) break;
+            if (!req) continue;
+        }
+    }
+    *rc_out = rc;
+    return 0;
+}
+
+static int repost_recv(struct side *s, void **req) {
+    void *data = s->buf;
+    size_t len = BIG;
+    int tag = 0;
+    *req = NULL;
+    double end = now_s() + 5 * DETECT_LIMIT;
+    while (!*req && now_s() < end) {
+        void *ph[8] = {0};
+        int rc = s->n.p.v12->irecv(s->comm, 1, &data, &len, &tag, &s->mh, ph, req);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int repost_send(struct side *s, void **req) {
+    *req = NULL;
+    double end = now_s() + 5 * DETECT_LIMIT;
+    while (!*req && now_s() < end) {
+        int rc = s->n.p.v12->isend(s->comm, s->buf, BIG, 0, s->mh, NULL, req);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Receiver survives; the sender dies while a 64 MiB message is on the wire. */
+static int death_rs_mid_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *req;
+    double t0;
+    int rc;
+    char b;
+    CHECK(recv_open(d, arg, &s, BIG) == 0);
+    CHECK(post_recv(&s, BIG, &req) == 0);
+    CHECK(duo_recv(d, &b, 1) == 0); /* the sender has posted its isend */
+    log_reset();
+    CHECK(kill_victim(&t0) == 0);
+    CHECK(wait_for_error(&s, req, repost_recv, t0, &rc) == 0);
+    return expect_detected(&s, arg, t0, rc, "sender killed mid-transfer, receiver survives");
+}
+
+static int death_rs_mid_send(struct duo *d, void *arg) {
+    struct side s;
+    void *req;
+    CHECK(send_open(d, arg, &s, BIG) == 0);
+    CHECK(net_isend(&s.n, s.comm, s.buf, BIG, 0, s.mh, &req, TMO) == 0);
+    CHECK(duo_send(d, "x", 1) == 0);
+    for (int i = 0; i < 100000; i++) /* keep the transfer going until the kill */
+        net_test(&s.n, req, &(int){0}, NULL);
+    pause();
+    return 0;
+}
+
+/* Receiver survives with a receive posted; the sender dies between messages. */
+static int death_rs_idle_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *req;
+    double t0;
+    int rc;
+    char b;
+    CHECK(recv_open(d, arg, &s, SMALL) == 0);
+    CHECK(post_recv(&s, SMALL, &req) == 0);
+    CHECK(duo_recv(d, &b, 1) == 0);
+    log_reset();
+    CHECK(kill_victim(&t0) == 0);
+    CHECK(wait_for_error(&s, req, repost_recv, t0, &rc) == 0);
+    return expect_detected(&s, arg, t0, rc, "sender killed between messages, receiver survives");
+}
+
+static int death_rs_idle_send(struct duo *d, void *arg) {
+    struct side s;
+    CHECK(send_open(d, arg, &s, SMALL) == 0);
+    CHECK(duo_send(d, "x", 1) == 0);
+    pause();
+    return 0;
+}
+
+/* Sender survives; the receiver dies while the sender's 64 MiB are on the wire. */
+static int death_sr_mid_send(struct duo *d, void *arg) {
+    struct side s;
+    void *req;
+    double t0;
+    int rc;
+    char b;
+    CHECK(send_open(d, arg, &s, BIG) == 0);
+    CHECK(duo_recv(d, &b, 1) == 0); /* the receiver has posted its irecv */
+    CHECK(net_isend(&s.n, s.comm, s.buf, BIG, 0, s.mh, &req, TMO) == 0);
+    log_reset();
+    CHECK(kill_victim(&t0) == 0);
+    CHECK(wait_for_error(&s, req, repost_send, t0, &rc) == 0);
+    return expect_detected(&s, arg, t0, rc, "receiver killed mid-transfer, sender survives");
+}
+
+static int death_sr_mid_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *req;
+    CHECK(recv_open(d, arg, &s, BIG) == 0);
+    CHECK(post_recv(&s, BIG, &req) == 0);
+    CHECK(duo_send(d, "x", 1) == 0);
+    for (;;)
+        net_test(&s.n, req, &(int){0}, NULL);
+    return 0;
+}
+
+/* Sender survives and keeps trying to send; the receiver dies without posting. */
+static int death_sr_idle_send(struct duo *d, void *arg) {
+    struct side s;
+    void *req = NULL;
+    double t0;
+    int rc = 0;
+    char b;
+    CHECK(send_open(d, arg, &s, SMALL) == 0);
+    CHECK(duo_recv(d, &b, 1) == 0);
+    log_reset();
+    CHECK(kill_victim(&t0) == 0);
+    while (now_s() - t0 < 5 * DETECT_LIMIT) {
+        rc = s.n.p.v12->isend(s.comm, s.buf, SMALL, 0, s.mh, NULL, &req);
+        CHECK(req == NULL); /* nobody could have sent a clear-to-send */
+        if (rc) break;
+    }
+    return expect_detected(&s, arg, t0, rc, "receiver killed between messages, sender survives");
+}
+
+static int death_sr_idle_recv(struct duo *d, void *arg) {
+    struct side s;
+    CHECK(recv_open(d, arg, &s, SMALL) == 0);
+    CHECK(duo_send(d, "x", 1) == 0);
+    pause();
+    return 0;
+}
+
+/* ------------------------------------------------------------ scenarios: start-up order */
+/* A small transfer over a fresh connection proves it really works. */
+static int small_exchange_recv(struct netapi *n, void *comm) {
+    uint8_t *buf = page_alloc(SMALL);
+    void *mh, *req, *data = buf;
+    size_t len = SMALL;
+    int tag = 0, got = -1;
+    CHECK(buf);
+    CHECK(net_regmr(n, comm, buf, SMALL, &mh) == 0);
+    CHECK(net_irecv(n, comm, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
+    CHECK(net_wait(n, req, &got, TMO) == 0);
+    CHECK(got == 1000 && pattern_check(buf, 1000, 9) < 0);
+    CHECK(net_deregmr(n, comm, mh) == 0);
+    free(buf);
+    return 0;
+}
+
+static int small_exchange_send(struct netapi *n, void *comm) {
+    uint8_t *buf = page_alloc(SMALL);
+    void *mh, *req;
+    CHECK(buf);
+    pattern_fill(buf, 1000, 9);
+    CHECK(net_regmr(n, comm, buf, SMALL, &mh) == 0);
+    CHECK(net_isend(n, comm, buf, 1000, 0, mh, &req, TMO) == 0);
+    CHECK(net_wait(n, req, NULL, TMO) == 0);
+    CHECK(net_deregmr(n, comm, mh) == 0);
+    free(buf);
+    return 0;
+}
+
+/* A TCP relay whose listening socket appears late: the handle points at it, so the
+ * connecting side finds no listener for the first second (ECONNREFUSED). */
+struct relay {
+    int lfd, a, b;
+    struct sockaddr_in to;
+    pthread_t th;
+    volatile int stop;
+};
+
+static void *relay_main(void *arg) {
+    struct relay *r = arg;
+    r->a = accept(r->lfd, NULL, NULL);
+    if (r->a < 0) return NULL;
+    r->b = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(r->b, (struct sockaddr *)&r->to, sizeof(r->to))) return NULL;
+    char buf[4096];
+    while (!r->stop) {
+        struct pollfd p[2] = {{.fd = r->a, .events = POLLIN}, {.fd = r->b, .events = POLLIN}};
+        if (poll(p, 2, 100) <= 0) continue;
+        for (int i = 0; i < 2; i++) {
+            if (!p[i].revents) continue;
+            ssize_t n = read(p[i].fd, buf, sizeof(buf));
+            if (n <= 0) return NULL;
+            if (write(i ? r->a : r->b, buf, (size_t)n) != n) return NULL;
+        }
+    }
+    return NULL;
+}
+
+static int late_listener_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc, *comm;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    struct relay r = {.lfd = -1, .a = -1, .b = -1};
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    struct wire_handle *h = (struct wire_handle *)handle;
+    r.to = h->addr;
+    /* reserve a port but do not listen on it yet: connects to it are refused */
+    struct sockaddr_in late = h->addr;
+    socklen_t alen = sizeof(late);
+    late.sin_port = 0;
+    r.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(bind(r.lfd, (struct sockaddr *)&late, sizeof(late)) == 0);
+    CHECK(getsockname(r.lfd, (struct sockaddr *)&late, &alen) == 0);
+    h->addr.sin_port = late.sin_port;
+    wire_handle_seal(h);
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    sleep(1);
+    CHECK(listen(r.lfd, 4) == 0);
+    CHECK(pthread_create(&r.th, NULL, relay_main, &r) == 0);
+    CHECK(net_accept(&n, lc, &comm, TMO) == 0);
+    CHECK(small_exchange_recv(&n, comm) == 0);
+    CHECK(duo_barrier(d) == 0);
+    CHECK(net_close_recv(&n, comm) == 0);
+    CHECK(net_close_listen(&n, lc) == 0);
+    r.stop = 1;
+    pthread_join(r.th, NULL);
+    close(r.lfd);
+    close(r.a);
+    close(r.b);
+    net_close(&n);
+    return 0;
+}
+
+static int late_listener_send(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *comm;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+    double t0 = now_s();
+    CHECK(net_connect(&n, handle, &comm, TMO) == 0);
+    double dt = now_s() - t0;
+    figure("connect before the listener exists on %s: connected after %.2f s (listener up at "
+           "1 s)",
+           c->dev, dt);
+    CHECK(dt >= 0.9);
+    CHECK(small_exchange_send(&n, comm) == 0);
+    CHECK(duo_barrier(d) == 0);
+    CHECK(net_close_send(&n, comm) == 0);
+    net_close(&n);
+    return 0;
+}
+
+/* The listener exists but accept() starts a second late. */
+static int late_accept_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc, *comm;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    sleep(1);
+    CHECK(net_accept(&n, lc, &comm, TMO) == 0);
+    CHECK(small_exchange_recv(&n, comm) == 0);
+    CHECK(net_close_recv(&n, comm) == 0);
+    CHECK(net_close_listen(&n, lc) == 0);
+    net_close(&n);
+    return 0;
+}
+
+static int late_accept_send(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *comm;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+    CHECK(net_connect(&n, handle, &comm, TMO) == 0);
+    CHECK(small_exchange_send(&n, comm) == 0);
+    CHECK(net_close_send(&n, comm) == 0);
+    net_close(&n);
+    return 0;
+}
+
+/* connect() to a handle nobody listens on any more must fail after
+ * NCCL_ERDMA_CONNECT_TIMEOUT (2 s here), naming the address. */
+static int try_dead_handle(struct netapi *n, const struct cfg *c, char *handle, const char *what) {
+    char addr[64];
+    void *comm = NULL;
+    handle_addr(handle, addr, sizeof(addr));
+    log_reset();
+    double t0 = now_s();
+    int rc = net_connect(n, handle, &comm, 30);
+    double dt = now_s() - t0;
+    fprintf(stderr, "%s: connect rc %d after %.2f s\n", what, rc, dt);
+    CHECK(rc == ncclRemoteError && comm == NULL);
+    CHECK(dt >= 1.5 && dt < 3.5);
+    if (!log_contains(addr)) fprintf(stderr, "WARN does not name %s:\n%s", addr, log_text());
+    CHECK(log_contains(addr));
+    CHECK(log_contains(c->dev));
+    figure("%s on %s: error after %.2f s (NCCL_ERDMA_CONNECT_TIMEOUT=2)", what, c->dev, dt);
+    return 0;
+}
+
+static int dead_handle_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc;
+    char handle[NCCL_NET_HANDLE_MAXSIZE], other[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    CHECK(net_close_listen(&n, lc) == 0);
+    memcpy(other, handle, sizeof(other));
+    CHECK(try_dead_handle(&n, c, handle, "stale handle (listen comm closed)") == 0);
+    /* a port that is bound but never listens: refused on every try */
+    struct wire_handle *h = (struct wire_handle *)other;
+    struct sockaddr_in a = h->addr;
+    socklen_t alen = sizeof(a);
+    a.sin_port = 0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
+    CHECK(getsockname(fd, (struct sockaddr *)&a, &alen) == 0);
+    h->addr.sin_port = a.sin_port;
+    wire_handle_seal(h);
+    CHECK(try_dead_handle(&n, c, other, "closed port") == 0);
+    close(fd);
+    net_close(&n);
+    return 0;
+}
+
+static int nothing(struct duo *d, void *arg) {
+    return 0;
+}
+
+/* ------------------------------------------------------------ scenarios: bad input */
+static int bad_handle_one(struct netapi *n, const void *bytes, const char *expect,
+                          const char *what) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *comm = (void *)1;
+    memcpy(handle, bytes, sizeof(handle));
+    log_reset();
+    double t0 = now_s();
+    int rc = n->p.v12->connect(n->ctx, n->dev, handle, &comm, &(ncclNetDeviceHandle_t *){NULL});
+    if (rc == ncclSuccess || !log_contains(expect))
+        fprintf(stderr, "%s: connect rc %d in %.3f s\n", what, rc, now_s() - t0);
+    CHECK(rc != ncclSuccess && comm == NULL);
+    CHECK(now_s() - t0 < 1.0);
+    if (!log_contains(expect)) fprintf(stderr, "expected \"%s\" in:\n%s", expect, log_text());
+    CHECK(log_contains(expect));
+    return 0;
+}
+
+static int bad_handles_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc;
+    uint8_t bytes[NCCL_NET_HANDLE_MAXSIZE], good[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, good, &lc) == 0);
+
+    srand(7);
+    for (int round = 0; round < 20; round++) {
+        for (size_t i = 0; i < sizeof(bytes); i++)
+            bytes[i] = (uint8_t)rand();
+        CHECK(bad_handle_one(&n, bytes, "not an eRDMA plugin handle", "garbage handle") == 0);
+    }
+    memset(bytes, 0, sizeof(bytes));
+    CHECK(bad_handle_one(&n, bytes, "not an eRDMA plugin handle", "all-zero handle") == 0);
+
+    /* NCCL's IB transport handle: a socket address first, then its own magic */
+    const struct wire_handle *gh = (const struct wire_handle *)good;
+    memset(bytes, 0, sizeof(bytes));
+    memcpy(bytes, &gh->addr, sizeof(gh->addr));
+    uint64_t ib_magic = 0xa3bfc9d6b1e45a6eull;
+    memcpy(bytes + 28, &ib_magic, sizeof(ib_magic));
+    CHECK(bad_handle_one(&n, bytes, "not an eRDMA plugin handle", "another plugin's handle") == 0);
+
+    memcpy(bytes, good, sizeof(bytes));
+    ((struct wire_handle *)bytes)->addr.sin_port ^= 0x0101; /* flipped in transit */
+    CHECK(bad_handle_one(&n, bytes, "checksum", "corrupted handle") == 0);
+
+    memcpy(bytes, good, sizeof(bytes));
+    struct wire_handle *vh = (struct wire_handle *)bytes;
+    vh->version = WIRE_VERSION + 1;
+    vh->checksum = wire_checksum(vh, offsetof(struct wire_handle, checksum));
+    CHECK(bad_handle_one(&n, bytes, "version", "newer plugin's handle") == 0);
+
+    CHECK(net_close_listen(&n, lc) == 0);
+    net_close(&n);
+    figure("bad handles on %s: 20 random, zero, foreign, corrupted, wrong version: each a clean "
+           "error",
+           c->dev);
+    return 0;
+}
+
+/* A raw TCP client on the listener's address that is not an eRDMA peer. */
+enum stray { STRAY_GARBAGE, STRAY_SHORT, STRAY_OVERSIZED, STRAY_EMPTY, STRAY_HOLD, STRAY_NSTRAYS };
+static const char *const stray_names[] = {"garbage", "short message then close",
+                                          "oversized message", "connect then close",
+                                          "short message, connection held"};
+
+static int stray_connect(const void *handle, enum stray kind) {
+    const struct wire_handle *h = handle;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    CHECK(connect(fd, (const struct sockaddr *)&h->addr, sizeof(h->addr)) == 0);
+    uint8_t buf[65536];
+    size_t len = 0;
+    srand(11);
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t)rand();
+    switch (kind) {
+    case STRAY_GARBAGE:
+        len = 300;
+        break;
+    case STRAY_SHORT:
+    case STRAY_HOLD: {
+        struct wire_conn_msg m = {0};
+        wire_msg_seal(&m, MSG_HELLO);
+        memcpy(buf, &m, 10);
+        len = 10;
+        break;
+    }
+    case STRAY_OVERSIZED: {
+        /* a real-looking header announcing a huge message, and lots of bytes after it */
+        struct wire_conn_msg m = {0};
+        wire_msg_seal(&m, MSG_HELLO);
+        m.length = 1u << 30;
+        memcpy(buf, &m, sizeof(m));
+        len = sizeof(buf);
+        break;
+    }
+    default:
+        break;
+    }
+    if (len) CHECK(write(fd, buf, len) == (ssize_t)len);
+    if (kind == STRAY_HOLD) return fd;
+    close(fd);
+    return -2;
+}
+
+/* One process, both ends: a stray client first, then a real eRDMA peer on the same
+ * listen comm. The design we assert (NCCL's own bootstrap sockets do the same): a
+ * stray connection is dropped with a WARN naming it, and accept keeps waiting for a
+ * real peer: one bad client must not fail the whole communicator. */
+static int stray_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc, *sc = NULL, *rc = NULL;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    for (int k = 0; k < STRAY_NSTRAYS; k++) {
+        int accept_failures = 0;
+        log_reset();
+        int fd = stray_connect(handle, (enum stray)k);
+        CHECK(fd != -1);
+        /* let the listener look at the stray for a while (past the 2 s handshake limit
+         * for the client that holds its connection) */
+        double t0 = now_s(), end = t0 + (k == STRAY_HOLD ? 3.0 : 0.5);
+        while (now_s() < end) {
+            int r = n.p.v12->accept(lc, &rc, &(ncclNetDeviceHandle_t *){NULL});
+            CHECK(rc == NULL);
+            if (r) {
+                fprintf(stderr, "%s: accept returned %d after %.2f s\n", stray_names[k], r,
+                        now_s() - t0);
+                accept_failures++;
+            }
+        }
+        if (fd >= 0) close(fd);
+        CHECK(log_has_warn()); /* the stray was noticed and named */
+        CHECK(log_contains(c->dev));
+        fprintf(stderr, "%s: %d accept error(s); log:\n%s", stray_names[k], accept_failures,
+                log_text());
+        CHECK(accept_failures == 0);
+        /* the same listen comm still accepts a real peer */
+        sc = rc = NULL;
+        double deadline = now_s() + TMO;
+        while ((!sc || !rc) && now_s() < deadline) {
+            if (!sc)
+                CHECK(n.p.v12->connect(n.ctx, n.dev, handle, &sc,
+                                       &(ncclNetDeviceHandle_t *){NULL}) == 0);
+            if (!rc) CHECK(n.p.v12->accept(lc, &rc, &(ncclNetDeviceHandle_t *){NULL}) == 0);
+        }
+        CHECK(sc && rc);
+        uint8_t *sb = page_alloc(SMALL), *rb = page_alloc(SMALL);
+        void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data = rb;
+        size_t len = SMALL;
+        int tag = 0, got = -1;
+        pattern_fill(sb, 999, (uint32_t)k);
+        CHECK(net_regmr(&n, sc, sb, SMALL, &smh) == 0);
+        CHECK(net_regmr(&n, rc, rb, SMALL, &rmh) == 0);
+        CHECK(net_irecv(&n, rc, 1, &data, &len, &tag, &rmh, &rreq, TMO) == 0);
+        CHECK(net_isend(&n, sc, sb, 999, 0, smh, &sreq, TMO) == 0);
+        CHECK(net_wait(&n, sreq, NULL, TMO) == 0);
+        CHECK(net_wait(&n, rreq, &got, TMO) == 0);
+        CHECK(got == 999 && pattern_check(rb, 999, (uint32_t)k) < 0);
+        CHECK(net_deregmr(&n, sc, smh) == 0);
+        CHECK(net_deregmr(&n, rc, rmh) == 0);
+        CHECK(net_close_send(&n, sc) == 0);
+        CHECK(net_close_recv(&n, rc) == 0);
+        free(sb);
+        free(rb);
+        figure("stray TCP client (%s) on %s: dropped, listener still accepts a real peer",
+               stray_names[k], c->dev);
+    }
+    CHECK(net_close_listen(&n, lc) == 0);
+    net_close(&n);
+    return 0;
+}
+
+/* regMr of memory that is not there: an error with a reason, and nothing broken after. */
+static int regmr_bad_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc, *mh = NULL;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    const size_t len = 1 << 20;
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+
+    void *none = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(none != MAP_FAILED);
+    log_reset();
+    int rc = net_regmr(&n, lc, none, len, &mh);
+    fprintf(stderr, "regMr of PROT_NONE: rc %d\n%s", rc, log_text());
+    CHECK(rc != ncclSuccess);
+    CHECK(log_contains("cannot register") && log_contains(c->dev));
+    munmap(none, len);
+
+    void *gone = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(gone != MAP_FAILED);
+    munmap(gone, len);
+    log_reset();
+    rc = net_regmr(&n, lc, gone, len, &mh);
+    fprintf(stderr, "regMr of an unmapped range: rc %d\n%s", rc, log_text());
+    CHECK(rc != ncclSuccess);
+    CHECK(log_contains("cannot register") && log_contains("not mapped"));
+
+    /* a good registration still works afterwards */
+    void *ok = page_alloc(len);
+    CHECK(net_regmr(&n, lc, ok, len, &mh) == 0);
+    CHECK(net_deregmr(&n, lc, mh) == 0);
+    free(ok);
+    CHECK(net_close_listen(&n, lc) == 0);
+    net_close(&n);
+    return 0;
+}
+
+/* Root in the VM ignores RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it first. */
+static int drop_ipc_lock(void) {
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    CHECK(syscall(SYS_capget, &hdr, data) == 0);
+    for (int i = 0; i < 2; i++) {
+        uint32_t mask = i == CAP_TO_INDEX(CAP_IPC_LOCK) ? CAP_TO_MASK(CAP_IPC_LOCK) : 0;
+        data[i].effective &= ~mask;
+        data[i].permitted &= ~mask;
+        data[i].inheritable &= ~mask;
+    }
+    prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0);
+    CHECK(syscall(SYS_capset, &hdr, data) == 0);
+    return 0;
+}
+
+static int memlock_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc, *mh = NULL;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(drop_ipc_lock() == 0);
+    struct rlimit rl = {.rlim_cur = 64 << 10, .rlim_max = 64 << 10};
+    CHECK(setrlimit(RLIMIT_MEMLOCK, &rl) == 0);
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    uint8_t *buf = page_alloc(BIG);
+    CHECK(buf);
+    memset(buf, 1, BIG);
+    log_reset();
+    int rc = net_regmr(&n, lc, buf, BIG, &mh);
+    fprintf(stderr, "regMr of 64 MiB with memlock 64 KiB: rc %d\n%s", rc, log_text());
+    CHECK(rc != ncclSuccess);
+    CHECK(log_contains("ulimit -l unlimited"));
+    CHECK(log_contains(c->dev));
+    figure("memlock 64 KiB on %s: regMr of 64 MiB fails, WARN says `ulimit -l unlimited`", c->dev);
+    free(buf);
+    CHECK(net_close_listen(&n, lc) == 0);
+    net_close(&n);
+    return 0;
+}
+
+/* ------------------------------------------------------------ scenario: resource hygiene */
+struct usage {
+    int fds;
+    long rss_kib;
+    char rdma[512]; /* "rxe0: pd 1 cq 2 qp 3 ..." lines of `rdma resource show` */
+};
+
+static int count_own_fds(void) {
+    char path[64];
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        if (access(path, F_OK) == 0) n++;
+    }
+    return n;
+}
+
+static long rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld", &v) == 1) break;
+    if (f) fclose(f);
+    return v;
+}
+
+static void rdma_counts(char *out, size_t len) {
+    FILE *f = popen("rdma resource show 2>&1", "r");
+    size_t used = 0;
+    out[0] = 0;
+    char line[256];
+    while (f && fgets(line, sizeof(line), f)) {
+        int n = snprintf(out + used, len - used, "%s", line);
+        if (n > 0 && used + (size_t)n < len) used += (size_t)n;
+    }
+    if (f) pclose(f);
+}
+
+static void usage_take(struct usage *u, int with_rdma) {
+    u->fds = count_own_fds();
+    u->rss_kib = rss_kib();
+    if (with_rdma)
+        rdma_counts(u->rdma, sizeof(u->rdma));
+    else
+        u->rdma[0] = 0;
+}
+
+static int cycles_wanted(void) {
+    const char *s = getenv("ITEST_CYCLES");
+    return s ? atoi(s) : 1000;
+}
+
+#define RSS_SLACK_KIB 4096
+
+static int usage_compare(const char *role, const struct cfg *c, int cycles, const struct usage *a,
+                         const struct usage *b, double secs) {
+    figure("%d cycles on %s (%s, %.1f s, %.1f ms/cycle): fds %d -> %d, VmRSS %ld -> %ld KiB",
+           cycles, c->dev, role, secs, 1000 * secs / cycles, a->fds, b->fds, a->rss_kib,
+           b->rss_kib);
+    if (a->rdma[0]) {
+        char x[512], y[512];
+        snprintf(x, sizeof(x), "%s", a->rdma);
+        snprintf(y, sizeof(y), "%s", b->rdma);
+        for (char *p = x; *p; p++)
+            if (*p == '\n') *p = ';';
+        for (char *p = y; *p; p++)
+            if (*p == '\n') *p = ';';
+        figure("rdma resources before: %s", x);
+        figure("rdma resources after:  %s", y);
+    }
+    CHECK(a->fds == b->fds);
+    CHECK(b->rss_kib - a->rss_kib <= RSS_SLACK_KIB);
+    CHECK(!strcmp(a->rdma, b->rdma));
+    return 0;
+}
+
+static int cycles_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    struct usage a, b;
+    int cycles = cycles_wanted();
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    uint8_t *buf = page_alloc(SMALL);
+    double t0 = 0;
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    for (int i = 0; i <= cycles; i++) {
+        void *lc, *comm, *mh, *req, *data = buf;
+        size_t len = SMALL;
+        int tag = 0, got = -1;
+        if (i == 1) { /* after one warm-up cycle: lazy one-time allocations are done */
+            CHECK(duo_barrier(d) == 0);
+            usage_take(&a, 1);
+            t0 = now_s();
+        }
+        if (net_listen(&n, handle, &lc) != 0) {
+            fprintf(stderr, "listen failed in cycle %d after %.1f s; rdma_cm ids and TCP:\n", i,
+                    now_s() - t0);
+            fflush(NULL);
+            if (system("rdma resource show cm_id | wc -l; ss -tan | awk '{print $1}' | sort | "
+                       "uniq -c"))
+                fprintf(stderr, "(diagnostics failed)\n");
+            return -1;
+        }
+        CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+        CHECK(net_accept(&n, lc, &comm, TMO) == 0);
+        CHECK(net_regmr(&n, comm, buf, SMALL, &mh) == 0);
+        CHECK(net_irecv(&n, comm, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
+        CHECK(net_wait(&n, req, &got, TMO) == 0);
+        CHECK(got == 100 + i % 1000 && pattern_check(buf, (size_t)got, (uint32_t)i) < 0);
+        CHECK(net_deregmr(&n, comm, mh) == 0);
+        CHECK(net_close_recv(&n, comm) == 0);
+        CHECK(net_close_listen(&n, lc) == 0);
+    }
+    double secs = now_s() - t0;
+    CHECK(duo_barrier(d) == 0); /* the sender has closed everything too */
+    usage_take(&b, 1);
+    CHECK(duo_barrier(d) == 0); /* the sender keeps its plugin open until counted */
+    CHECK(usage_compare("receiver", c, cycles, &a, &b, secs) == 0);
+    free(buf);
+    net_close(&n);
+    return 0;
+}
+
+static int cycles_send(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    struct usage a, b;
+    int cycles = cycles_wanted();
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    uint8_t *buf = page_alloc(SMALL);
+    double t0 = 0;
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    for (int i = 0; i <= cycles; i++) {
+        void *comm, *mh, *req;
+        if (i == 1) {
+            CHECK(duo_barrier(d) == 0);
+            usage_take(&a, 0);
+            t0 = now_s();
+        }
+        CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+        if (net_connect(&n, handle, &comm, TMO) != 0) {
+            fprintf(stderr, "connect failed in cycle %d after %.1f s\n", i, now_s() - t0);
+            fflush(NULL);
+            if (system("ss -tan | awk '{print $1}' | sort | uniq -c")) fprintf(stderr, "(no ss)\n");
+            return -1;
+        }
+        if (i % 100 == 0) fprintf(stderr, "  cycle %d at %.1f s\n", i, now_s() - t0);
+        pattern_fill(buf, 100 + (size_t)(i % 1000), (uint32_t)i);
+        CHECK(net_regmr(&n, comm, buf, SMALL, &mh) == 0);
+        CHECK(net_isend(&n, comm, buf, 100 + (size_t)(i % 1000), 0, mh, &req, TMO) == 0);
+        CHECK(net_wait(&n, req, NULL, TMO) == 0);
+        CHECK(net_deregmr(&n, comm, mh) == 0);
+        CHECK(net_close_send(&n, comm) == 0);
+    }
+    double secs = now_s() - t0;
+    usage_take(&b, 0);
+    CHECK(duo_barrier(d) == 0);
+    CHECK(duo_barrier(d) == 0);
+    CHECK(usage_compare("sender", c, cycles, &a, &b, secs) == 0);
+    free(buf);
+    net_close(&n);
+    return 0;
+}
+
+/* ------------------------------------------------------------ cmocka glue */
+enum runner { RUN_DUO, RUN_KILL, RUN_SOLO };
+
+struct scenario {
+    const char *name;
+    enum runner runner;
+    duo_fn a, b; /* DUO: receiver, sender; KILL: survivor, victim; SOLO: a only */
+    const char *env;
+};
+
+static const struct scenario scenarios[] = {
+    {"death/sender_killed_mid_transfer", RUN_KILL, death_rs_mid_recv, death_rs_mid_send, NULL},
+    {"death/sender_killed_between_messages", RUN_KILL, death_rs_idle_recv, death_rs_idle_send,
+     NULL},
+    {"death/receiver_killed_mid_transfer", RUN_KILL, death_sr_mid_send, death_sr_mid_recv, NULL},
+    {"death/receiver_killed_between_messages", RUN_KILL, death_sr_idle_send, death_sr_idle_recv,
+     NULL},
+    {"startup/connect_before_listener", RUN_DUO, late_listener_recv, late_listener_send, NULL},
+    {"startup/accept_late", RUN_DUO, late_accept_recv, late_accept_send, NULL},
+    {"startup/stale_handle_and_closed_port", RUN_SOLO, dead_handle_main, NULL,
+     "NCCL_ERDMA_CONNECT_TIMEOUT=2"},
+    {"input/bad_handles", RUN_SOLO, bad_handles_main, NULL, NULL},
+    {"input/stray_tcp_clients", RUN_SOLO, stray_main, NULL, "NCCL_ERDMA_CONNECT_TIMEOUT=2"},
+    {"input/regmr_unmapped", RUN_SOLO, regmr_bad_main, NULL, NULL},
+    {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
+    {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
+};
+
+struct test_case {
+    const struct scenario *sc;
+    struct cfg cfg;
+    char name[128];
+};
+
+static void apply_env(const char *env, int set) {
+    if (!env) return;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", env);
+    for (char *save, *kv = strtok_r(buf, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(kv, '=');
+        *eq = 0;
+        if (set)
+            setenv(kv, eq + 1, 1);
+        else
+            unsetenv(kv);
+    }
+}
+
+static void run_case(void **state) {
+    struct test_case *tc = *state;
+    assert_true(in_rdma_vm());
+    apply_env(tc->sc->env, 1);
+    int rc;
+    double t0 = now_s();
+    switch (tc->sc->runner) {
+    case RUN_KILL:
+        rc = pair_run(tc->sc->a, tc->sc->b, &tc->cfg, 120);
+        break;
+    case RUN_SOLO:
+        rc = duo_run(tc->sc->a, nothing, &tc->cfg, 120);
+        break;
+    default:
+        rc = duo_run(tc->sc->a, tc->sc->b, &tc->cfg, 300);
+        break;
+    }
+    apply_env(tc->sc->env, 0);
+    fprintf(stderr, "  %s: %.1f s\n", tc->name, now_s() - t0);
+    assert_int_equal(rc, 0);
+}
+
+int main(void) {
+    const char *devs = getenv("ITEST_DEVICES") ? getenv("ITEST_DEVICES") : "rxe0,siw0";
+    const char *only = getenv("ITEST_ONLY");
+    size_t nsc = sizeof(scenarios) / sizeof(scenarios[0]);
+    struct test_case *cases = calloc(8 * nsc, sizeof(*cases));
+    struct CMUnitTest *tests = calloc(8 * nsc, sizeof(*tests));
+    int n = 0;
+    char list[128];
+    snprintf(list, sizeof(list), "%s", devs);
+    for (char *save, *dev = strtok_r(list, ",", &save); dev && n < 7 * (int)nsc;
+         dev = strtok_r(NULL, ",", &save)) {
+        for (size_t s = 0; s < nsc; s++) {
+            struct test_case *tc = &cases[n];
+            tc->sc = &scenarios[s];
+            snprintf(tc->cfg.dev, sizeof(tc->cfg.dev), "%s", dev);
+            tc->cfg.version = 12;
+            snprintf(tc->name, sizeof(tc->name), "%s/v12/%s", dev, scenarios[s].name);
+            if (only && !strstr(tc->name, only)) continue;
+            tests[n] =
+                (struct CMUnitTest){.name = tc->name, .test_func = run_case, .initial_state = tc};
+            n++;
+        }
+    }
+    if (n == 0) {
+        fprintf(stderr, "no case matches ITEST_ONLY=%s\n", only ? only : "");
+        return 1;
+    }
+    return _cmocka_run_group_tests("integration: failures", tests, (size_t)n, NULL, NULL);
+}
