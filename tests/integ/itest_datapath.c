@@ -2,6 +2,7 @@
  * Integration: the data path between two processes through dlopen, on every
  * VM device (ITEST_DEVICES, default "rxe0,siw0") and API version (v8, v12).
  * Every byte is checked, and so are the bytes just past each message.
+ * ITEST_ONLY=<substring> runs only the cases whose name contains it.
  */
 #include "netapi.h"
 
@@ -531,6 +532,7 @@ static void run_case(void **state) {
 
 int main(void) {
     const char *devs = getenv("ITEST_DEVICES") ? getenv("ITEST_DEVICES") : "rxe0,siw0";
+    const char *only = getenv("ITEST_ONLY"); /* runs only the cases whose name contains it */
     static const int versions[] = {8, 12};
     size_t nsc = sizeof(scenarios) / sizeof(scenarios[0]);
     struct test_case *cases = calloc(64 * nsc, sizeof(*cases));
@@ -549,6 +551,7 @@ int main(void) {
                 tc->cfg.version = versions[v];
                 snprintf(tc->name, sizeof(tc->name), "%s/v%d/%s", dev, versions[v],
                          scenarios[s].name);
+                if (only && !strstr(tc->name, only)) continue;
                 tests[n] = (struct CMUnitTest){
                     .name = tc->name, .test_func = run_case, .initial_state = tc};
                 n++;

@@ -960,6 +960,26 @@ static int cycles_send(struct duo *d, void *arg) {
     return 0;
 }
 
+/* NCCL >= 2.26 dlclose()s the plugin after its last communicator and may load it again:
+ * init/listen/finalize/dlclose cycles must not leave fds or device contexts behind. */
+static int reload_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct usage a, b;
+    const int cycles = 20;
+    for (int i = 0; i <= cycles; i++) {
+        struct netapi n;
+        void *lc;
+        char handle[NCCL_NET_HANDLE_MAXSIZE];
+        if (i == 1) usage_take(&a, 1);
+        CHECK(net_open(&n, c->version, c->dev) == 0);
+        CHECK(net_listen(&n, handle, &lc) == 0);
+        CHECK(net_close_listen(&n, lc) == 0);
+        net_close(&n);
+    }
+    usage_take(&b, 1);
+    return usage_compare("init/finalize/dlclose", c, cycles, &a, &b, 0);
+}
+
 /* ------------------------------------------------------------ cmocka glue */
 enum runner { RUN_DUO, RUN_KILL, RUN_SOLO };
 
@@ -986,6 +1006,7 @@ static const struct scenario scenarios[] = {
     {"input/regmr_unmapped", RUN_SOLO, regmr_bad_main, NULL, NULL},
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
+    {"hygiene/plugin_reload_cycles", RUN_SOLO, reload_main, NULL, NULL},
 };
 
 struct test_case {
