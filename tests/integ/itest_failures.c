@@ -980,6 +980,141 @@ static int reload_main(struct duo *d, void *arg) {
     return usage_compare("init/finalize/dlclose", c, cycles, &a, &b, 0);
 }
 
+/* ------------------------------------------------------------ scenarios: packet loss
+ * Needs tests/vm/loss_setup.sh (run by tests/vm/loss_test.sh inside the VM): rxl0 on vl0
+ * (10.79.0.1) and rxl1 on vl1 (10.79.0.2), a veth pair. RoCE packets rxl0 -> rxl1 leave
+ * through vl0's qdisc, the answers through lo: netem on both drops both directions.
+ * ITEST_LOSS=1 selects these cases instead of the default ones. */
+#define LOSS_SEND_DEV "rxl0"
+#define LOSS_RECV_DEV "rxl1"
+
+static long retry_counter(void) {
+    FILE *f = fopen(
+        "/sys/class/infiniband/" LOSS_SEND_DEV "/ports/1/hw_counters/completer_retry_err", "r");
+    long v = -1;
+    if (f && fscanf(f, "%ld", &v) != 1) v = -1;
+    if (f) fclose(f);
+    return v;
+}
+
+static int set_loss(int pct) {
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "tc qdisc replace dev vl0 root netem loss %d%% && tc qdisc replace dev lo root netem "
+             "loss %d%%",
+             pct, pct);
+    if (pct == 0) snprintf(cmd, sizeof(cmd), "tc qdisc del dev vl0 root; tc qdisc del dev lo root");
+    int rc = system(cmd);
+    return pct == 0 ? 0 : rc;
+}
+
+static int loss_pct(const struct cfg *c) {
+    return atoi(strrchr(c->dev, '/') ? strrchr(c->dev, '/') + 1 : "0");
+}
+
+#define LOSS_MSGS 8
+#define LOSS_SZ   (256u << 10)
+
+static int loss_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc, *comm, *mh, *req;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    int pct = loss_pct(c);
+    CHECK(net_open(&n, c->version, LOSS_RECV_DEV) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    CHECK(net_accept(&n, lc, &comm, TMO) == 0);
+    uint8_t *buf = page_alloc(LOSS_SZ);
+    CHECK(net_regmr(&n, comm, buf, LOSS_SZ, &mh) == 0);
+    if (pct == 100) { /* a clear-to-send reaches the sender, then the wire goes dark */
+        void *data = buf;
+        size_t len = LOSS_SZ;
+        int tag = 0;
+        CHECK(net_irecv(&n, comm, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
+        usleep(500000);
+        CHECK(duo_barrier(d) == 0);
+        CHECK(duo_barrier(d) == 0); /* the sender has seen its error */
+    } else {
+        for (int i = 0; i < LOSS_MSGS; i++) {
+            void *data = buf;
+            size_t len = LOSS_SZ;
+            int tag = 0, got = -1;
+            memset(buf, 0, LOSS_SZ);
+            CHECK(net_irecv(&n, comm, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
+            CHECK(net_wait(&n, req, &got, TMO) == 0);
+            CHECK(got == (int)LOSS_SZ - i);
+            long bad = pattern_check(buf, (size_t)got, (uint32_t)i + 500);
+            if (bad >= 0) fprintf(stderr, "message %d: first wrong byte at %ld\n", i, bad);
+            CHECK(bad < 0);
+        }
+        CHECK(duo_barrier(d) == 0);
+    }
+    CHECK(net_deregmr(&n, comm, mh) == 0);
+    CHECK(net_close_recv(&n, comm) == 0);
+    CHECK(net_close_listen(&n, lc) == 0);
+    net_close(&n);
+    free(buf);
+    return 0;
+}
+
+static int loss_send(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *comm, *mh, *req;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    int pct = loss_pct(c);
+    CHECK(net_open(&n, c->version, LOSS_SEND_DEV) == 0);
+    CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+    CHECK(net_connect(&n, handle, &comm, TMO) == 0);
+    uint8_t *buf = page_alloc(LOSS_SZ);
+    CHECK(net_regmr(&n, comm, buf, LOSS_SZ, &mh) == 0);
+    long r0 = retry_counter();
+    if (pct == 100) {
+        /* one exchange first so a clear-to-send is waiting, then the wire goes dark */
+        long timeout = atol(getenv("NCCL_IB_TIMEOUT")), retry = atol(getenv("NCCL_IB_RETRY_CNT"));
+        double expect = 4.096e-6 * (double)(1L << timeout) * (double)(retry + 1);
+        CHECK(duo_barrier(d) == 0);
+        CHECK(set_loss(100) == 0);
+        log_reset();
+        double t0 = now_s();
+        int rc = net_isend(&n, comm, buf, 4096, 0, mh, &req, TMO);
+        if (rc == 0) rc = net_wait(&n, req, NULL, 60);
+        double dt = now_s() - t0;
+        set_loss(0);
+        fprintf(stderr, "100%% loss: rc %d after %.2f s (expected ~%.2f s)\n%s", rc, dt, expect,
+                log_text());
+        figure("100%% loss on %s: error after %.2f s; NCCL_IB_TIMEOUT=%ld NCCL_IB_RETRY_CNT=%ld "
+               "imply %.2f s; retries counted %ld",
+               LOSS_SEND_DEV, dt, timeout, retry, expect, retry_counter() - r0);
+        CHECK(rc == ncclRemoteError);
+        CHECK(dt < 4 * expect + 2.0);
+        CHECK(duo_barrier(d) == 0);
+        CHECK(log_contains("NCCL_IB_TIMEOUT") && log_contains("NCCL_IB_RETRY_CNT"));
+    } else {
+        CHECK(set_loss(pct) == 0);
+        double t0 = now_s();
+        for (int i = 0; i < LOSS_MSGS; i++) {
+            pattern_fill(buf, LOSS_SZ - i, (uint32_t)i + 500);
+            CHECK(net_isend(&n, comm, buf, LOSS_SZ - i, 0, mh, &req, TMO) == 0);
+            CHECK(net_wait(&n, req, NULL, TMO) == 0);
+        }
+        double dt = now_s() - t0;
+        set_loss(0);
+        long retries = retry_counter() - r0;
+        figure("%d%% loss on %s->%s: %d x 256 KiB intact in %.1f s, %ld RC retransmission "
+               "timeouts counted",
+               pct, LOSS_SEND_DEV, LOSS_RECV_DEV, LOSS_MSGS, dt, retries);
+        CHECK(retries > 0); /* the loss was really applied to RDMA traffic */
+        CHECK(duo_barrier(d) == 0);
+    }
+    CHECK(net_deregmr(&n, comm, mh) == 0);
+    CHECK(net_close_send(&n, comm) == 0);
+    net_close(&n);
+    free(buf);
+    return 0;
+}
+
 /* ------------------------------------------------------------ cmocka glue */
 enum runner { RUN_DUO, RUN_KILL, RUN_SOLO };
 
@@ -1007,6 +1142,12 @@ static const struct scenario scenarios[] = {
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
     {"hygiene/plugin_reload_cycles", RUN_SOLO, reload_main, NULL, NULL},
+};
+
+static const struct scenario loss_scenarios[] = {
+    {"loss/1", RUN_DUO, loss_recv, loss_send, "NCCL_IB_TIMEOUT=12;NCCL_IB_RETRY_CNT=7"},
+    {"loss/5", RUN_DUO, loss_recv, loss_send, "NCCL_IB_TIMEOUT=12;NCCL_IB_RETRY_CNT=7"},
+    {"loss/100", RUN_DUO, loss_recv, loss_send, "NCCL_IB_TIMEOUT=14;NCCL_IB_RETRY_CNT=2"},
 };
 
 struct test_case {
@@ -1055,6 +1196,12 @@ int main(void) {
     const char *devs = getenv("ITEST_DEVICES") ? getenv("ITEST_DEVICES") : "rxe0,siw0";
     const char *only = getenv("ITEST_ONLY");
     size_t nsc = sizeof(scenarios) / sizeof(scenarios[0]);
+    const struct scenario *table = scenarios;
+    if (getenv("ITEST_LOSS")) { /* tests/vm/loss_test.sh: one pseudo-device per loss level */
+        table = loss_scenarios;
+        nsc = sizeof(loss_scenarios) / sizeof(loss_scenarios[0]);
+        devs = "rxl";
+    }
     struct test_case *cases = calloc(8 * nsc, sizeof(*cases));
     struct CMUnitTest *tests = calloc(8 * nsc, sizeof(*tests));
     int n = 0;
@@ -1064,10 +1211,11 @@ int main(void) {
          dev = strtok_r(NULL, ",", &save)) {
         for (size_t s = 0; s < nsc; s++) {
             struct test_case *tc = &cases[n];
-            tc->sc = &scenarios[s];
-            snprintf(tc->cfg.dev, sizeof(tc->cfg.dev), "%s", dev);
+            tc->sc = &table[s];
+            snprintf(tc->cfg.dev, sizeof(tc->cfg.dev), "%s",
+                     table == scenarios ? dev : table[s].name);
             tc->cfg.version = 12;
-            snprintf(tc->name, sizeof(tc->name), "%s/v12/%s", dev, scenarios[s].name);
+            snprintf(tc->name, sizeof(tc->name), "%s/v12/%s", dev, table[s].name);
             if (only && !strstr(tc->name, only)) continue;
             tests[n] =
                 (struct CMUnitTest){.name = tc->name, .test_func = run_case, .initial_state = tc};
