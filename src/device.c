@@ -111,8 +111,11 @@ static void find_netdev(struct erdma_device *d) {
         snprintf(d->netdev, sizeof(d->netdev), "%s", buf);
         return;
     }
-    /* iWARP GIDs (siw, eRDMA standard mode) start with the MAC address. */
+    /* iWARP GIDs (siw, eRDMA standard mode) start with the MAC address. RoCE GIDs do not:
+     * ::ffff:a.b.c.d starts with six zero bytes, which would "match" lo. */
     const uint8_t *mac = d->gid.raw;
+    static const uint8_t no_mac[6];
+    if (d->transport != TRANSPORT_IWARP || !memcmp(mac, no_mac, sizeof(no_mac))) return;
     struct if_nameindex *ifs = if_nameindex();
     for (struct if_nameindex *i = ifs; i && i->if_name; i++) {
         char addr[64], want[32];

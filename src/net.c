@@ -9,6 +9,7 @@
 #include "log.h"
 #include "mr_cache.h"
 #include "params.h"
+#include "topo.h"
 #include "verbs.h"
 
 #include <errno.h>
@@ -39,6 +40,7 @@ int erdma_init(ncclDebugLogger_t logger) {
         verbs_close();
         goto fail;
     }
+    topo_autoselect(); /* never fails init: logs why when it leaves NCCL alone */
     rc = 0;
     goto out;
 fail:

@@ -1,0 +1,78 @@
+/*
+ * Topology for the ebmgn9g family (8 NVIDIA GPUs, 2 eRDMA NICs, no NVLink):
+ * what sysfs says about the node, NCCL topology XMLs generated from it,
+ * checks of topology and graph XMLs against the node and against each other,
+ * and the automatic choice of the shipped files at plugin init.
+ */
+#ifndef ERDMA_TOPO_H
+#define ERDMA_TOPO_H
+
+#include "topo_xml.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#define TOPO_MAX_GPUS  16
+#define TOPO_MAX_NICS  16
+#define TOPO_MAX_DEPTH 16
+#define TOPO_BUSID_LEN 16
+
+/* The shape every family in topo_families has. */
+#define TOPO_FAMILY_GPUS 8
+#define TOPO_FAMILY_NICS 2
+
+/* A PCI function as NCCL places it. */
+struct topo_dev {
+    char busid[TOPO_BUSID_LEN];
+    char name[64]; /* NICs: the RDMA device name */
+    int numa;      /* numa_node of the topmost PCI node NCCL keeps (its <cpu numaid>) */
+    int depth;     /* PCI functions from the root port down to this one */
+    char chain[TOPO_MAX_DEPTH][TOPO_BUSID_LEN];
+};
+
+struct topo_node {
+    int ngpus; /* NVIDIA (0x10de) functions of class 0x03xxxx, sorted by bus ID (NVML's order) */
+    struct topo_dev gpus[TOPO_MAX_GPUS];
+    int nnics; /* eRDMA RDMA devices, in name order (the plugin's order) */
+    struct topo_dev nics[TOPO_MAX_NICS];
+    int nother;      /* RDMA devices of other drivers */
+    char other[256]; /* their names, for messages */
+};
+
+/* Problems found by a check, one per line. */
+struct topo_err {
+    int count;
+    char text[4096];
+};
+
+extern const char *const topo_families[]; /* NULL-terminated */
+
+/* Reads the node from sysfs (under sysfs_root()). 0 or -errno. */
+int topo_scan(struct topo_node *node);
+/* True when the node has the family's shape; otherwise says why in why. */
+bool topo_node_has_family_shape(const struct topo_node *node, char *why, size_t len);
+/* "ecs.ebmgn9g.48xlarge" or "ebmgn9g" -> "ebmgn9g"; NULL when not a known family. */
+const char *topo_family_from_instance(const char *instance_type);
+
+/* A topology XML (the NCCL_TOPO_FILE format) for the node. 0 or -errno. */
+int topo_generate(const struct topo_node *node, const char *name, struct xml_node **root);
+/* Well-formed for NCCL and self-consistent. 0 or -EINVAL (problems in err). */
+int topo_validate_topology(const struct xml_node *root, struct topo_err *err);
+/* The topology fits the node: same GPUs, NICs, bus IDs, placement, device indices. */
+int topo_check_node(const struct xml_node *root, const struct topo_node *node,
+                    struct topo_err *err);
+/* A graph XML (NCCL_GRAPH_FILE) valid for NCCL and consistent with the topology. */
+int topo_validate_graph(const struct xml_node *graphs, const struct xml_node *topo,
+                        struct topo_err *err);
+/* One line per GPU: the NIC NCCL would pair it with, and the PCIe path between them. */
+int topo_show(FILE *out, const struct topo_node *node);
+
+/*
+ * At init: when NCCL_TOPO_FILE and NCCL_GRAPH_FILE are unset and the node is
+ * recognised, points them at the installed files, after checking they fit.
+ * Returns 1 when it set them, 0 when it left NCCL alone (the reason is
+ * logged); never fails init.
+ */
+int topo_autoselect(void);
+
+#endif

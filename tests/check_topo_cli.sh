@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# nccl-erdma-topo on fixture sysfs trees: exit status and output of one case.
+# usage: check_topo_cli.sh TOOL SOURCE_DIR CASE
+set -uo pipefail
+tool=$1 src=$2 case=$3
+fx=$src/tests/fixtures/topo
+out=$(mktemp) gen=$(mktemp)
+trap 'rm -f "$out" "$gen"' EXIT
+
+expect() { # want_rc pattern... : the last run must exit want_rc and print every pattern
+  local want=$1; shift
+  if [ "$rc" != "$want" ]; then echo "FAIL: exit $rc, wanted $want"; cat "$out"; exit 1; fi
+  for p in "$@"; do
+    if ! grep -qE -- "$p" "$out"; then echo "FAIL: no line matching '$p' in:"; cat "$out"; exit 1; fi
+  done
+}
+
+case $case in
+show)
+  "$tool" --sysfs-root "$fx/ebmgn9g" show >"$out" 2>&1; rc=$?
+  expect 0 '^GPU 0 0000:19:00.0 NUMA 0 -> erdma_0 \(PIX\)$' '^GPU 4 0000:99:00.0 NUMA 1 -> erdma_1 \(PIX\)$'
+  [ "$(grep -c '^GPU ' "$out")" = 8 ] || { echo "FAIL: not 8 GPU lines"; cat "$out"; exit 1; } ;;
+check-shipped)
+  for fam in ebmgn9g ebmgn9gc ebmgn9ge; do
+    "$tool" --sysfs-root "$fx/ebmgn9g" check "$src/topo/$fam-topo.xml" "$src/topo/$fam-graph.xml" >"$out" 2>&1; rc=$?
+    expect 0 "$fam-topo.xml against this node: OK" "$fam-graph.xml: OK"
+  done ;;
+generate-check)
+  "$tool" --sysfs-root "$fx/ebmgn9g" generate --name test -o "$gen" >"$out" 2>&1; rc=$?
+  expect 0
+  "$tool" --sysfs-root "$fx/ebmgn9g" check "$gen" >"$out" 2>&1; rc=$?
+  expect 0 'against this node: OK'
+  # The same file on a node with other bus numbers must fail, naming the problem.
+  "$tool" --sysfs-root "$fx/other_bus" check "$gen" >"$out" 2>&1; rc=$?
+  expect 1 'gpu 0000:19:00.0 is not on this node' ;;
+not-this-node)
+  for cmd in show generate; do
+    "$tool" --sysfs-root "$fx/empty" $cmd >"$out" 2>&1; rc=$?
+    expect 3 'not this kind of node: no NVIDIA GPUs'
+  done
+  "$tool" --sysfs-root "$fx/no_erdma" show >"$out" 2>&1; rc=$?
+  expect 3 'not this kind of node: 8 NVIDIA GPUs but no eRDMA NIC' ;;
+usage)
+  "$tool" frobnicate >"$out" 2>&1; rc=$?
+  expect 2 '^usage: nccl-erdma-topo' ;;
+*) echo "unknown case $case"; exit 2 ;;
+esac
+echo "OK: $case"

@@ -1,0 +1,559 @@
+/*
+ * Integration: the data path between two processes through dlopen, on every
+ * VM device (ITEST_DEVICES, default "rxe0,siw0") and API version (v8, v12).
+ * Every byte is checked, and so are the bytes just past each message.
+ */
+#include "netapi.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#define TMO    120
+#define CANARY 0xEE
+#define SLACK  64
+
+struct cfg {
+    char dev[16];
+    int version;
+    const char *env; /* "NAME=VALUE;NAME=VALUE" applied before the scenario */
+};
+
+static void *page_alloc(size_t len) {
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, len ? len : 1)) return NULL;
+    return p;
+}
+
+/* ------------------------------------------------------------ connection helpers */
+struct side {
+    struct netapi n;
+    void *lc, *comm;
+};
+
+static int recv_side_open(struct duo *d, const struct cfg *c, struct side *s) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&s->n, c->version, c->dev) == 0);
+    CHECK(net_listen(&s->n, handle, &s->lc) == 0);
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    CHECK(net_accept(&s->n, s->lc, &s->comm, TMO) == 0);
+    return 0;
+}
+
+static int send_side_open(struct duo *d, const struct cfg *c, struct side *s) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&s->n, c->version, c->dev) == 0);
+    CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+    CHECK(net_connect(&s->n, handle, &s->comm, TMO) == 0);
+    return 0;
+}
+
+static int recv_side_close(struct side *s) {
+    CHECK(net_close_recv(&s->n, s->comm) == 0);
+    CHECK(net_close_listen(&s->n, s->lc) == 0);
+    net_close(&s->n);
+    return 0;
+}
+
+static int send_side_close(struct side *s) {
+    CHECK(net_close_send(&s->n, s->comm) == 0);
+    net_close(&s->n);
+    return 0;
+}
+
+/* ------------------------------------------------------------ scenario: sizes */
+static const size_t sizes_list[] = {
+    0, 1, 7, 4095, 4096, 4097, 65536 + 3, 1 << 20, (8 << 20) + 5, 16 << 20, (64 << 20)};
+#define NSIZES (sizeof(sizes_list) / sizeof(sizes_list[0]))
+#define MAXSZ  (64u << 20)
+
+static int sizes_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *mh;
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(MAXSZ + SLACK);
+    CHECK(buf);
+    CHECK(net_regmr(&s.n, s.comm, buf, MAXSZ + SLACK, &mh) == 0);
+    for (size_t i = 0; i < NSIZES; i++) {
+        size_t sz = sizes_list[i];
+        /* odd rounds post exactly the size, even rounds a larger buffer */
+        size_t post = (i % 2) ? sz : sz + SLACK;
+        memset(buf, CANARY, sz + SLACK);
+        void *req, *data = buf;
+        int tag = 1, got = -1;
+        CHECK(net_irecv(&s.n, s.comm, 1, &data, &post, &tag, &mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, &got, TMO) == 0);
+        if (got != (int)sz) fprintf(stderr, "size %zu: test reported %d\n", sz, got);
+        CHECK(got == (int)sz);
+        long bad = pattern_check(buf, sz, (uint32_t)sz);
+        if (bad >= 0) fprintf(stderr, "size %zu: first wrong byte at %ld\n", sz, bad);
+        CHECK(bad < 0);
+        for (size_t k = sz; k < sz + SLACK; k++)
+            CHECK(buf[k] == CANARY);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return recv_side_close(&s);
+}
+
+static int sizes_send(struct duo *d, void *arg) {
+    struct side s;
+    void *mh;
+    CHECK(send_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(MAXSZ);
+    CHECK(buf);
+    CHECK(net_regmr(&s.n, s.comm, buf, MAXSZ, &mh) == 0);
+    for (size_t i = 0; i < NSIZES; i++) {
+        size_t sz = sizes_list[i];
+        pattern_fill(buf, sz, (uint32_t)sz);
+        void *req;
+        int done_size = -1;
+        CHECK(net_isend(&s.n, s.comm, buf, sz, 1, mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, &done_size, TMO) == 0);
+        CHECK(done_size == (int)sz);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return send_side_close(&s);
+}
+
+/* ------------------------------------------------------------ scenario: multi-receive with tags */
+static const size_t multi_sizes[4] = {1000, 5000, 0, 70001};
+static const size_t multi_sent[4] = {999, 5000, 0, 3};
+static const int multi_tags[4] = {7, 3, 9, 5};
+
+static int multi_recv(struct duo *d, void *arg) {
+    struct side s;
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    for (int round = 0; round < 3; round++) {
+        void *data[4], *mh[4], *req;
+        size_t sz[4];
+        int tags[4], got[4];
+        for (int i = 0; i < 4; i++) {
+            sz[i] = multi_sizes[i];
+            tags[i] = multi_tags[i];
+            data[i] = page_alloc(sz[i] + SLACK);
+            memset(data[i], CANARY, sz[i] + SLACK);
+            CHECK(net_regmr(&s.n, s.comm, data[i], sz[i] + SLACK, &mh[i]) == 0);
+        }
+        CHECK(net_irecv(&s.n, s.comm, 4, data, sz, tags, mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, got, TMO) == 0);
+        for (int i = 0; i < 4; i++) {
+            CHECK(got[i] == (int)multi_sent[i]);
+            CHECK(pattern_check(data[i], multi_sent[i], (uint32_t)(tags[i] + round)) < 0);
+            for (size_t k = multi_sent[i]; k < sz[i] + SLACK; k++)
+                CHECK(((uint8_t *)data[i])[k] == CANARY);
+            CHECK(net_deregmr(&s.n, s.comm, mh[i]) == 0);
+            free(data[i]);
+        }
+    }
+    return recv_side_close(&s);
+}
+
+static int multi_send(struct duo *d, void *arg) {
+    struct side s;
+    CHECK(send_side_open(d, arg, &s) == 0);
+    static const int order[4] = {2, 3, 0, 1}; /* tags 9, 5, 7, 3: not the receive order */
+    for (int round = 0; round < 3; round++) {
+        void *data[4], *mh[4], *req[4];
+        for (int j = 0; j < 4; j++) {
+            int i = order[j];
+            data[i] = page_alloc(multi_sent[i]);
+            pattern_fill(data[i], multi_sent[i], (uint32_t)(multi_tags[i] + round));
+            CHECK(net_regmr(&s.n, s.comm, data[i], multi_sent[i], &mh[i]) == 0);
+            CHECK(net_isend(&s.n, s.comm, data[i], multi_sent[i], multi_tags[i], mh[i], &req[i],
+                            TMO) == 0);
+        }
+        for (int i = 0; i < 4; i++) {
+            int got;
+            CHECK(net_wait(&s.n, req[i], &got, TMO) == 0);
+            CHECK(got == (int)multi_sent[i]);
+            CHECK(net_deregmr(&s.n, s.comm, mh[i]) == 0);
+            free(data[i]);
+        }
+    }
+    return send_side_close(&s);
+}
+
+/* ------------------------------------------------------------ scenario: 32 in flight, out of order
+ */
+#define INFLIGHT    32
+#define INFLIGHT_SZ 12345
+
+static int inflight_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *mh, *req[INFLIGHT];
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(INFLIGHT * INFLIGHT_SZ);
+    memset(buf, CANARY, INFLIGHT * INFLIGHT_SZ);
+    CHECK(net_regmr(&s.n, s.comm, buf, INFLIGHT * INFLIGHT_SZ, &mh) == 0);
+    for (int i = 0; i < INFLIGHT; i++) {
+        void *data = buf + i * INFLIGHT_SZ;
+        size_t sz = INFLIGHT_SZ;
+        int tag = 0;
+        CHECK(net_irecv(&s.n, s.comm, 1, &data, &sz, &tag, &mh, &req[i], TMO) == 0);
+    }
+    for (int i = INFLIGHT - 1; i >= 0; i--) {
+        int got;
+        CHECK(net_wait(&s.n, req[i], &got, TMO) == 0);
+        CHECK(got == INFLIGHT_SZ - i);
+        CHECK(pattern_check(buf + i * INFLIGHT_SZ, (size_t)got, (uint32_t)i) < 0);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return recv_side_close(&s);
+}
+
+static int inflight_send(struct duo *d, void *arg) {
+    struct side s;
+    void *mh, *req[INFLIGHT];
+    CHECK(send_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(INFLIGHT * INFLIGHT_SZ);
+    CHECK(net_regmr(&s.n, s.comm, buf, INFLIGHT * INFLIGHT_SZ, &mh) == 0);
+    for (int i = 0; i < INFLIGHT; i++) {
+        pattern_fill(buf + i * INFLIGHT_SZ, INFLIGHT_SZ - i, (uint32_t)i);
+        CHECK(net_isend(&s.n, s.comm, buf + i * INFLIGHT_SZ, INFLIGHT_SZ - i, 0, mh, &req[i],
+                        TMO) == 0);
+    }
+    for (int i = INFLIGHT - 1; i >= 0; i--)
+        CHECK(net_wait(&s.n, req[i], NULL, TMO) == 0);
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return send_side_close(&s);
+}
+
+/* ------------------------------------------------------------ scenario: sender first */
+static int sendfirst_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *mh, *req;
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(4096);
+    CHECK(net_regmr(&s.n, s.comm, buf, 4096, &mh) == 0);
+    CHECK(duo_barrier(d) == 0); /* the sender has already tried */
+    void *data = buf;
+    size_t sz = 4096;
+    int tag = 5, got;
+    CHECK(net_irecv(&s.n, s.comm, 1, &data, &sz, &tag, &mh, &req, TMO) == 0);
+    CHECK(net_wait(&s.n, req, &got, TMO) == 0);
+    CHECK(got == 100 && pattern_check(buf, 100, 77) < 0);
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return recv_side_close(&s);
+}
+
+static int sendfirst_send(struct duo *d, void *arg) {
+    struct side s;
+    void *mh, *req = (void *)1;
+    CHECK(send_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(4096);
+    pattern_fill(buf, 100, 77);
+    CHECK(net_regmr(&s.n, s.comm, buf, 4096, &mh) == 0);
+    /* no clear-to-send yet: success with a NULL request, as NCCL expects */
+    int rc = ((struct netapi *)&s.n)->version == 12
+                 ? s.n.p.v12->isend(s.comm, buf, 100, 5, mh, NULL, &req)
+                 : s.n.p.v8->isend(s.comm, buf, 100, 5, mh, &req);
+    CHECK(rc == 0 && req == NULL);
+    CHECK(duo_barrier(d) == 0);
+    CHECK(net_isend(&s.n, s.comm, buf, 100, 5, mh, &req, TMO) == 0);
+    CHECK(net_wait(&s.n, req, NULL, TMO) == 0);
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return send_side_close(&s);
+}
+
+/* ------------------------------------------------------------ scenario: several comms at once */
+#define NCOMMS 3
+static int multicomm_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc[NCOMMS], *rc[NCOMMS], *mh[NCOMMS], *req[NCOMMS];
+    uint8_t *buf[NCOMMS];
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    for (int i = 0; i < NCOMMS; i++) {
+        CHECK(net_listen(&n, handle, &lc[i]) == 0);
+        CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    }
+    /* NCCL progresses many accepts at once: poll them all, never block on one */
+    int pending = NCOMMS;
+    memset(rc, 0, sizeof(rc));
+    for (int spins = 0; pending > 0; spins++) {
+        CHECK(spins < 10000000);
+        for (int i = NCOMMS - 1; i >= 0; i--) {
+            if (rc[i]) continue;
+            ncclNetDeviceHandle_t *dh = NULL;
+            int r = c->version == 12 ? n.p.v12->accept(lc[i], &rc[i], &dh)
+                                     : n.p.v8->accept(lc[i], &rc[i], &dh);
+            CHECK(r == 0);
+            if (rc[i]) pending--;
+        }
+    }
+    for (int i = 0; i < NCOMMS; i++) {
+        buf[i] = page_alloc(300000);
+        CHECK(net_regmr(&n, rc[i], buf[i], 300000, &mh[i]) == 0);
+    }
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < NCOMMS; i++) {
+            void *data = buf[i];
+            size_t sz = 300000;
+            int tag = i;
+            CHECK(net_irecv(&n, rc[i], 1, &data, &sz, &tag, &mh[i], &req[i], TMO) == 0);
+        }
+        for (int i = 0; i < NCOMMS; i++) {
+            int got;
+            CHECK(net_wait(&n, req[i], &got, TMO) == 0);
+            CHECK(got == 100000 * (i + 1) &&
+                  pattern_check(buf[i], (size_t)got, (uint32_t)(i * 10 + round)) < 0);
+        }
+    }
+    for (int i = 0; i < NCOMMS; i++) {
+        CHECK(net_deregmr(&n, rc[i], mh[i]) == 0);
+        CHECK(net_close_recv(&n, rc[i]) == 0);
+        CHECK(net_close_listen(&n, lc[i]) == 0);
+        free(buf[i]);
+    }
+    net_close(&n);
+    return 0;
+}
+
+static int multicomm_send(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *sc[NCOMMS], *mh[NCOMMS], *req[NCOMMS];
+    uint8_t *buf[NCOMMS];
+    char handle[NCOMMS][NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    for (int i = 0; i < NCOMMS; i++)
+        CHECK(duo_recv(d, handle[i], NCCL_NET_HANDLE_MAXSIZE) == 0);
+    int pending = NCOMMS;
+    memset(sc, 0, sizeof(sc));
+    for (int spins = 0; pending > 0; spins++) {
+        CHECK(spins < 10000000);
+        for (int i = 0; i < NCOMMS; i++) {
+            if (sc[i]) continue;
+            ncclNetDeviceHandle_t *dh = NULL;
+            int r = c->version == 12 ? n.p.v12->connect(n.ctx, n.dev, handle[i], &sc[i], &dh)
+                                     : n.p.v8->connect(n.dev, handle[i], &sc[i], &dh);
+            CHECK(r == 0);
+            if (sc[i]) pending--;
+        }
+    }
+    for (int i = 0; i < NCOMMS; i++) {
+        buf[i] = page_alloc(300000);
+        CHECK(net_regmr(&n, sc[i], buf[i], 300000, &mh[i]) == 0);
+    }
+    for (int round = 0; round < 4; round++) {
+        for (int i = NCOMMS - 1; i >= 0; i--) {
+            pattern_fill(buf[i], 100000 * (size_t)(i + 1), (uint32_t)(i * 10 + round));
+            CHECK(net_isend(&n, sc[i], buf[i], 100000 * (size_t)(i + 1), i, mh[i], &req[i], TMO) ==
+                  0);
+        }
+        for (int i = 0; i < NCOMMS; i++)
+            CHECK(net_wait(&n, req[i], NULL, TMO) == 0);
+    }
+    for (int i = 0; i < NCOMMS; i++) {
+        CHECK(net_deregmr(&n, sc[i], mh[i]) == 0);
+        CHECK(net_close_send(&n, sc[i]) == 0);
+        free(buf[i]);
+    }
+    net_close(&n);
+    return 0;
+}
+
+/* ------------------------------------------------------------ scenario: flush */
+static int flush_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *mh, *req, *freq = NULL;
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(65536);
+    CHECK(net_regmr(&s.n, s.comm, buf, 65536, &mh) == 0);
+    for (int round = 0; round < 40; round++) {
+        void *data = buf;
+        size_t sz = 65536;
+        int tag = 0, got;
+        CHECK(net_irecv(&s.n, s.comm, 1, &data, &sz, &tag, &mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, &got, TMO) == 0);
+        CHECK(pattern_check(buf, (size_t)got, (uint32_t)round) < 0);
+        CHECK(net_iflush(&s.n, s.comm, 1, &data, &got, &mh, &freq) == 0);
+        /* NCCL_ERDMA_FORCE_FLUSH=1: a real RDMA read must be issued and complete */
+        CHECK(freq != NULL);
+        CHECK(net_wait(&s.n, freq, NULL, TMO) == 0);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return recv_side_close(&s);
+}
+
+static int flush_send(struct duo *d, void *arg) {
+    struct side s;
+    void *mh, *req;
+    CHECK(send_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(65536);
+    CHECK(net_regmr(&s.n, s.comm, buf, 65536, &mh) == 0);
+    for (int round = 0; round < 40; round++) {
+        pattern_fill(buf, 1000 + (size_t)round * 100, (uint32_t)round);
+        CHECK(net_isend(&s.n, s.comm, buf, 1000 + (size_t)round * 100, 0, mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, NULL, TMO) == 0);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return send_side_close(&s);
+}
+
+/* ------------------------------------------------------------ scenario: truncation is an error */
+static int trunc_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *mh, *req;
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(4096);
+    CHECK(net_regmr(&s.n, s.comm, buf, 4096, &mh) == 0);
+    void *data = buf;
+    size_t sz = 4096;
+    int tag = 0;
+    CHECK(net_irecv(&s.n, s.comm, 1, &data, &sz, &tag, &mh, &req, TMO) == 0);
+    CHECK(duo_barrier(d) == 0); /* sender saw the error */
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return recv_side_close(&s);
+}
+
+static int trunc_send(struct duo *d, void *arg) {
+    struct side s;
+    void *mh, *req = NULL;
+    CHECK(send_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(8192);
+    CHECK(net_regmr(&s.n, s.comm, buf, 8192, &mh) == 0);
+    log_reset();
+    int rc = net_isend(&s.n, s.comm, buf, 8192, 0, mh, &req, TMO);
+    CHECK(rc == ncclInvalidArgument && req == NULL);
+    CHECK(log_contains("matching receive buffer holds 4096"));
+    CHECK(duo_barrier(d) == 0);
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return send_side_close(&s);
+}
+
+/* ------------------------------------------------------------ scenario: second round after
+ * finalize */
+static int rounds_recv(struct duo *d, void *arg) {
+    for (int r = 0; r < 2; r++) {
+        struct side s;
+        void *mh, *req;
+        CHECK(recv_side_open(d, arg, &s) == 0);
+        uint8_t *buf = page_alloc(100000);
+        CHECK(net_regmr(&s.n, s.comm, buf, 100000, &mh) == 0);
+        void *data = buf;
+        size_t sz = 100000;
+        int tag = 0, got;
+        CHECK(net_irecv(&s.n, s.comm, 1, &data, &sz, &tag, &mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, &got, TMO) == 0);
+        CHECK(got == 99999 && pattern_check(buf, 99999, (uint32_t)r + 100) < 0);
+        CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+        free(buf);
+        CHECK(recv_side_close(&s) == 0);
+    }
+    return 0;
+}
+
+static int rounds_send(struct duo *d, void *arg) {
+    for (int r = 0; r < 2; r++) {
+        struct side s;
+        void *mh, *req;
+        CHECK(send_side_open(d, arg, &s) == 0);
+        uint8_t *buf = page_alloc(100000);
+        pattern_fill(buf, 99999, (uint32_t)r + 100);
+        CHECK(net_regmr(&s.n, s.comm, buf, 100000, &mh) == 0);
+        CHECK(net_isend(&s.n, s.comm, buf, 99999, 0, mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, NULL, TMO) == 0);
+        CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+        free(buf);
+        CHECK(send_side_close(&s) == 0);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ cmocka glue */
+struct scenario {
+    const char *name;
+    duo_fn recv, send;
+    const char *env;
+};
+
+static const struct scenario scenarios[] = {
+    {"sizes", sizes_recv, sizes_send, NULL},
+    {"multirecv_tags", multi_recv, multi_send, NULL},
+    {"inflight32_out_of_order", inflight_recv, inflight_send, NULL},
+    {"sender_first", sendfirst_recv, sendfirst_send, NULL},
+    {"several_comms", multicomm_recv, multicomm_send, NULL},
+    {"truncation_is_error", trunc_recv, trunc_send, NULL},
+    {"close_and_reconnect", rounds_recv, rounds_send, NULL},
+    {"forced_flush", flush_recv, flush_send, "NCCL_ERDMA_FORCE_FLUSH=1"},
+    {"sizes_4qps_roundrobin", sizes_recv, sizes_send, "NCCL_IB_QPS_PER_CONNECTION=4"},
+    {"sizes_4qps_split", sizes_recv, sizes_send,
+     "NCCL_IB_QPS_PER_CONNECTION=4;NCCL_IB_SPLIT_DATA_ON_QPS=1"},
+    {"multirecv_3qps_split", multi_recv, multi_send,
+     "NCCL_IB_QPS_PER_CONNECTION=3;NCCL_IB_SPLIT_DATA_ON_QPS=1"},
+};
+
+struct test_case {
+    const struct scenario *sc;
+    struct cfg cfg;
+    char name[96];
+};
+
+static void apply_env(const char *env, int set) {
+    if (!env) return;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", env);
+    for (char *save, *kv = strtok_r(buf, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(kv, '=');
+        *eq = 0;
+        if (set)
+            setenv(kv, eq + 1, 1);
+        else
+            unsetenv(kv);
+    }
+}
+
+static void run_case(void **state) {
+    struct test_case *tc = *state;
+    assert_true(in_rdma_vm());
+    apply_env(tc->sc->env, 1);
+    int rc = duo_run(tc->sc->recv, tc->sc->send, &tc->cfg, 600);
+    apply_env(tc->sc->env, 0);
+    assert_int_equal(rc, 0);
+}
+
+int main(void) {
+    const char *devs = getenv("ITEST_DEVICES") ? getenv("ITEST_DEVICES") : "rxe0,siw0";
+    static const int versions[] = {8, 12};
+    size_t nsc = sizeof(scenarios) / sizeof(scenarios[0]);
+    struct test_case *cases = calloc(64 * nsc, sizeof(*cases));
+    struct CMUnitTest *tests = calloc(64 * nsc, sizeof(*tests));
+    int n = 0;
+    char list[128];
+    snprintf(list, sizeof(list), "%s", devs);
+    for (char *save, *dev = strtok_r(list, ",", &save); dev; dev = strtok_r(NULL, ",", &save)) {
+        for (size_t v = 0; v < 2; v++) {
+            for (size_t s = 0; s < nsc; s++) {
+                /* the option matrix runs on v12 only; v8 covers the base scenarios */
+                if (versions[v] == 8 && scenarios[s].env) continue;
+                struct test_case *tc = &cases[n];
+                tc->sc = &scenarios[s];
+                snprintf(tc->cfg.dev, sizeof(tc->cfg.dev), "%s", dev);
+                tc->cfg.version = versions[v];
+                snprintf(tc->name, sizeof(tc->name), "%s/v%d/%s", dev, versions[v],
+                         scenarios[s].name);
+                tests[n] = (struct CMUnitTest){
+                    .name = tc->name, .test_func = run_case, .initial_state = tc};
+                n++;
+            }
+        }
+    }
+    return _cmocka_run_group_tests("integration: data path", tests, (size_t)n, NULL, NULL);
+}

@@ -1,0 +1,69 @@
+/*
+ * A version-agnostic face over the plugin's v8 and v12 tables for the
+ * integration tests and their two-process scenarios. Calls that NCCL retries
+ * (connect/accept/isend/irecv returning a NULL object) are retried here with a
+ * deadline, so a hang becomes a test failure with a message.
+ */
+#ifndef ERDMA_NETAPI_H
+#define ERDMA_NETAPI_H
+
+#include "plugin_loader.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct netapi {
+    struct plugin p;
+    int version; /* 8 or 12 */
+    void *ctx;   /* v12 context */
+    int dev;
+};
+
+/* Opens the plugin, inits it, and finds the device by name. 0 or -1 (message printed). */
+int net_open(struct netapi *n, int version, const char *devname);
+void net_close(struct netapi *n);
+int net_listen(struct netapi *n, void *handle, void **lc);
+/* Retries until connected/accepted or timeout_s passes; returns the ncclResult_t. */
+int net_connect(struct netapi *n, void *handle, void **sc, int timeout_s);
+int net_accept(struct netapi *n, void *lc, void **rc, int timeout_s);
+int net_regmr(struct netapi *n, void *comm, void *data, size_t size, void **mh);
+int net_deregmr(struct netapi *n, void *comm, void *mh);
+int net_isend(struct netapi *n, void *sc, void *data, size_t size, int tag, void *mh, void **req,
+              int timeout_s);
+int net_irecv(struct netapi *n, void *rc, int cnt, void **data, size_t *sizes, int *tags, void **mh,
+              void **req, int timeout_s);
+/* One test() call. */
+int net_test(struct netapi *n, void *req, int *done, int *sizes);
+/* test() until done; returns the ncclResult_t (ncclSystemError on timeout). */
+int net_wait(struct netapi *n, void *req, int *sizes, int timeout_s);
+int net_iflush(struct netapi *n, void *rc, int cnt, void **data, int *sizes, void **mh, void **req);
+int net_close_send(struct netapi *n, void *sc);
+int net_close_recv(struct netapi *n, void *rc);
+int net_close_listen(struct netapi *n, void *lc);
+
+/* Two processes: the child runs fn_child and exits with its status; the parent runs fn_parent.
+ * They share two pipes for the handle and simple barriers. Returns 0 when both succeeded. */
+struct duo {
+    int to_child[2];
+    int to_parent[2];
+    int is_child;
+};
+typedef int (*duo_fn)(struct duo *d, void *arg);
+int duo_run(duo_fn parent, duo_fn child, void *arg, int timeout_s);
+int duo_send(struct duo *d, const void *buf, size_t len);
+int duo_recv(struct duo *d, void *buf, size_t len);
+int duo_barrier(struct duo *d);
+
+void pattern_fill(uint8_t *buf, size_t len, uint32_t seed);
+/* Returns the first offset that differs from the pattern, or -1. */
+long pattern_check(const uint8_t *buf, size_t len, uint32_t seed);
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "CHECK failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);             \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+#endif
