@@ -44,6 +44,7 @@
 #define GUARD_FILL   0xee
 #define MAX_WINDOW   NCCL_NET_MAX_REQUESTS
 #define MAX_LAT_ITER 100000
+#define MAX_SIZES    40
 
 enum bench_mode { MODE_BW = 1, MODE_LAT = 2, MODE_BOTH = 3 };
 enum bench_role { ROLE_FORK, ROLE_SERVER, ROLE_CLIENT };
@@ -54,10 +55,11 @@ struct bench_cfg {
     uint32_t mode;
     uint32_t window;
     uint32_t verify;
-    uint64_t bw_min, bw_max, bw_factor;
-    uint64_t bw_total; /* bytes per size (timed part) */
+    uint32_t nbw, nlat;
+    uint64_t bw_sizes[MAX_SIZES];
+    uint64_t bw_total; /* timed bytes per size */
     uint64_t bw_min_iters, bw_warmup;
-    uint64_t lat_min, lat_max, lat_factor;
+    uint64_t lat_sizes[MAX_SIZES];
     uint64_t lat_iters, lat_warmup;
 };
 
@@ -77,6 +79,9 @@ struct opts {
     const char *handle_in;  /* --client: hex, or @file */
     int timeout_s;
     int verbose;
+    uint64_t bw_min, bw_max, bw_factor; /* ranges that fill the size lists ... */
+    uint64_t lat_min, lat_max, lat_factor;
+    const char *bw_list, *lat_list; /* ... unless given as lists */
 };
 
 /* ------------------------------------------------------------ plugin adapter */
@@ -408,19 +413,28 @@ static uint64_t bw_iters(const struct bench_cfg *c, size_t size) {
     return it < c->bw_min_iters ? c->bw_min_iters : it;
 }
 
+/* Warmup is capped at a quarter of the timed bytes so that large sizes stay affordable. */
+static uint64_t bw_warmup_iters(const struct bench_cfg *c, size_t size) {
+    uint64_t cap = c->bw_total / size / 4;
+    if (cap < 1) cap = 1;
+    return c->bw_warmup < cap ? c->bw_warmup : cap;
+}
+
 static void run_bw(struct peer *p, const struct bench_cfg *c, bool sender) {
     if (sender) {
         printf("# bandwidth: window %u, %" PRIu64 " bytes per size (min %" PRIu64
                " iterations), %" PRIu64 " warmup\n",
                c->window, c->bw_total, c->bw_min_iters, c->bw_warmup);
+        printf("#   (warmup capped at a quarter of the timed bytes)\n");
         printf("%-6s %12s %10s %14s %12s\n", "#mode", "bytes", "iters", "BW_avg[MB/s]", "Gb/s");
         fflush(stdout);
     }
-    for (uint64_t size = c->bw_min; size <= c->bw_max; size *= c->bw_factor) {
+    for (uint32_t k = 0; k < c->nbw; k++) {
+        uint64_t size = c->bw_sizes[k];
         g_deadline = now_s() + g_opt.timeout_s;
         if (c->verify) verify_one(p, sender, size, 0x100 + (unsigned)(size & 0xff));
         uint64_t iters = bw_iters(c, size);
-        if (c->bw_warmup) stream(p, sender, size, c->bw_warmup, c->window);
+        if (c->bw_warmup) stream(p, sender, size, bw_warmup_iters(c, size), c->window);
         double t = stream(p, sender, size, iters, c->window);
         if (sender) {
             double mbs = (double)size * (double)iters / t / 1e6;
@@ -452,7 +466,8 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
                "t_max[us]", "t_typical[us]", "t_avg[us]");
         fflush(stdout);
     }
-    for (uint64_t size = c->lat_min; size <= c->lat_max; size *= c->lat_factor) {
+    for (uint32_t k = 0; k < c->nlat; k++) {
+        uint64_t size = c->lat_sizes[k];
         g_deadline = now_s() + g_opt.timeout_s;
         uint64_t total = c->lat_warmup + c->lat_iters + 1;
         char why[256];
@@ -544,8 +559,10 @@ static void *accept_until(struct net *n, void *lc, const char *what) {
 
 static size_t max_size(const struct bench_cfg *c) {
     size_t m = 0;
-    if (c->mode & MODE_BW) m = c->bw_max;
-    if ((c->mode & MODE_LAT) && c->lat_max > m) m = c->lat_max;
+    for (uint32_t i = 0; (c->mode & MODE_BW) && i < c->nbw; i++)
+        m = c->bw_sizes[i] > m ? c->bw_sizes[i] : m;
+    for (uint32_t i = 0; (c->mode & MODE_LAT) && i < c->nlat; i++)
+        m = c->lat_sizes[i] > m ? c->lat_sizes[i] : m;
     return m;
 }
 
@@ -672,6 +689,29 @@ static uint64_t parse_size(const char *s) {
     return (uint64_t)v;
 }
 
+/* Fills out[] from "4K,1M,..." or, without a list, from min * factor^i up to max. */
+static uint32_t size_list(const char *list, uint64_t min, uint64_t max, uint64_t factor,
+                          uint64_t *out) {
+    uint32_t n = 0;
+    if (list) {
+        char *copy = strdup(list), *save = NULL;
+        for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (n == MAX_SIZES) die("at most %d sizes", MAX_SIZES);
+            out[n] = parse_size(t);
+            if (out[n] < 1) die("sizes must be >= 1");
+            n++;
+        }
+        free(copy);
+        return n;
+    }
+    if (min < 1 || factor < 2) die("sizes must be >= 1 and factors >= 2");
+    for (uint64_t s = min; s <= max; s *= factor) {
+        if (n == MAX_SIZES) die("at most %d sizes", MAX_SIZES);
+        out[n++] = s;
+    }
+    return n;
+}
+
 static void usage(FILE *f) {
     fprintf(f, "usage: erdma_bench [options]\n"
                "  -d, --dev NAME        RDMA device (sets NCCL_IB_HCA==NAME); default: first\n"
@@ -681,12 +721,14 @@ static void usage(FILE *f) {
                "  -b, --min SIZE        bandwidth sizes from (default 4K)\n"
                "  -e, --max SIZE        ... to (default 64M)\n"
                "  -f, --factor N        ... multiplying by (default 4)\n"
+               "  -s, --sizes LIST      bandwidth sizes as a list (e.g. 1M,4M,16M,64M)\n"
                "  -B, --bytes SIZE      timed bytes per bandwidth size (default 64M)\n"
                "  -i, --min-iters N     at least N timed messages per size (default 16)\n"
                "  -W, --warmup N        warmup messages per bandwidth size (default 4)\n"
                "  -l, --lat-min SIZE    latency sizes from (default 8)\n"
                "  -L, --lat-max SIZE    ... to (default 64K)\n"
-               "  -F, --lat-factor N    ... multiplying by (default 8)\n"
+               "  -F, --lat-factor N    ... multiplying by (default 2)\n"
+               "  -S, --lat-sizes LIST  latency sizes as a list (e.g. 8,64,4K)\n"
                "  -n, --lat-iters N     timed round trips per size (default 1000)\n"
                "  -N, --lat-warmup N    warmup round trips per size (default 50)\n"
                "      --no-verify       skip the first-iteration data check\n"
@@ -704,18 +746,18 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
                 .mode = MODE_BOTH,
                 .window = 16,
                 .verify = 1,
-                .bw_min = 4096,
-                .bw_max = 64 << 20,
-                .bw_factor = 4,
                 .bw_total = 64 << 20,
                 .bw_min_iters = 16,
                 .bw_warmup = 4,
-                .lat_min = 8,
-                .lat_max = 64 << 10,
-                .lat_factor = 8,
                 .lat_iters = 1000,
                 .lat_warmup = 50},
         .api = 12,
+        .bw_min = 4096,
+        .bw_max = 64 << 20,
+        .bw_factor = 4,
+        .lat_min = 8,
+        .lat_max = 64 << 10,
+        .lat_factor = 2,
         .timeout_s = 120,
         .role = ROLE_FORK,
     };
@@ -733,6 +775,8 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
                                        {"lat-min", 1, 0, 'l'},
                                        {"lat-max", 1, 0, 'L'},
                                        {"lat-factor", 1, 0, 'F'},
+                                       {"sizes", 1, 0, 's'},
+                                       {"lat-sizes", 1, 0, 'S'},
                                        {"lat-iters", 1, 0, 'n'},
                                        {"lat-warmup", 1, 0, 'N'},
                                        {"no-verify", 0, 0, OPT_NO_VERIFY},
@@ -744,7 +788,8 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
                                        {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "d:m:a:w:b:e:f:B:i:W:l:L:F:n:N:p:t:vh", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "d:m:a:w:b:e:f:s:B:i:W:l:L:F:S:n:N:p:t:vh", lo, NULL)) !=
+           -1) {
         switch (c) {
         case 'd':
             o->dev_name = optarg;
@@ -765,13 +810,19 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
                 die("window must be 1..%d (NCCL_NET_MAX_REQUESTS)", MAX_WINDOW);
             break;
         case 'b':
-            o->cfg.bw_min = parse_size(optarg);
+            o->bw_min = parse_size(optarg);
             break;
         case 'e':
-            o->cfg.bw_max = parse_size(optarg);
+            o->bw_max = parse_size(optarg);
             break;
         case 'f':
-            o->cfg.bw_factor = parse_size(optarg);
+            o->bw_factor = parse_size(optarg);
+            break;
+        case 's':
+            o->bw_list = optarg;
+            break;
+        case 'S':
+            o->lat_list = optarg;
             break;
         case 'B':
             o->cfg.bw_total = parse_size(optarg);
@@ -783,13 +834,13 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
             o->cfg.bw_warmup = parse_size(optarg);
             break;
         case 'l':
-            o->cfg.lat_min = parse_size(optarg);
+            o->lat_min = parse_size(optarg);
             break;
         case 'L':
-            o->cfg.lat_max = parse_size(optarg);
+            o->lat_max = parse_size(optarg);
             break;
         case 'F':
-            o->cfg.lat_factor = parse_size(optarg);
+            o->lat_factor = parse_size(optarg);
             break;
         case 'n':
             o->cfg.lat_iters = parse_size(optarg);
@@ -826,13 +877,12 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
         }
     }
     if (optind < argc) die("unexpected argument '%s' (try --help)", argv[optind]);
-    const struct bench_cfg *k = &o->cfg;
-    if (k->bw_min < 1 || k->bw_factor < 2 || k->lat_min < 1 || k->lat_factor < 2)
-        die("sizes must be >= 1 and factors >= 2");
+    struct bench_cfg *k = &o->cfg;
+    k->nbw = size_list(o->bw_list, o->bw_min, o->bw_max, o->bw_factor, k->bw_sizes);
+    k->nlat = size_list(o->lat_list, o->lat_min, o->lat_max, o->lat_factor, k->lat_sizes);
     if (k->lat_iters < 1 || k->lat_iters > MAX_LAT_ITER)
         die("lat-iters must be 1..%d", MAX_LAT_ITER);
-    if (o->api == 8 && (k->bw_max > INT32_MAX || k->lat_max > INT32_MAX))
-        die("API v8 sizes are int: at most 2 GiB - 1");
+    if (o->api == 8 && max_size(k) > INT32_MAX) die("API v8 sizes are int: at most 2 GiB - 1");
     if (o->timeout_s < 1) die("timeout must be >= 1 s");
 }
 
