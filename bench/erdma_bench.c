@@ -79,6 +79,7 @@ struct opts {
     const char *handle_in;  /* --client: hex, or @file */
     int timeout_s;
     int verbose;
+    int breakdown;
     uint64_t bw_min, bw_max, bw_factor; /* ranges that fill the size lists ... */
     uint64_t lat_min, lat_max, lat_factor;
     const char *bw_list, *lat_list; /* ... unless given as lists */
@@ -457,6 +458,7 @@ static int cmp_double(const void *a, const void *b) {
  */
 static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
     static double rtt[MAX_LAT_ITER];
+    double phase[4] = {0};
     struct net *n = p->net;
     if (client) {
         printf("# latency: ping-pong, %" PRIu64 " iterations, %" PRIu64
@@ -477,10 +479,12 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
             bool check = c->verify && i == 0;
             unsigned ping_salt = 0x200 + (unsigned)size, pong_salt = 0x300 + (unsigned)size;
             if (check) pattern_fill(p->data_send.ptr, size, client ? ping_salt : pong_salt);
-            double t0 = now_s();
+            double t0 = now_s(), ta, tb, tc;
             if (client) {
                 void *sreq = post_send(n, p->send_comm, p->data_send.ptr, size, p->data_send.mh);
+                ta = now_s();
                 wait_req(n, sreq, "ping send", size);
+                tb = now_s();
                 int got = wait_req(n, rreq, "pong recv", size);
                 double t1 = now_s();
                 if (check &&
@@ -488,18 +492,40 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
                     die("DATA CHECK FAILED (pong) at %zu bytes: %s", size, why);
                 if (i + 1 < total)
                     rreq = post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
-                if (i > c->lat_warmup) rtt[i - c->lat_warmup - 1] = t1 - t0;
+                tc = now_s();
+                if (i > c->lat_warmup) {
+                    rtt[i - c->lat_warmup - 1] = t1 - t0;
+                    phase[0] += ta - t0, phase[1] += tb - ta, phase[2] += t1 - tb,
+                        phase[3] += tc - t1;
+                }
             } else {
                 int got = wait_req(n, rreq, "ping recv", size);
+                ta = now_s();
                 if (check &&
                     pattern_check(p->data_recv.ptr, size, ping_salt, got, why, sizeof(why)))
                     die("DATA CHECK FAILED (ping) at %zu bytes: %s", size, why);
                 if (i + 1 < total)
                     rreq = post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
+                tb = now_s();
                 void *sreq = post_send(n, p->send_comm, p->data_send.ptr, size, p->data_send.mh);
+                tc = now_s();
                 wait_req(n, sreq, "pong send", size);
+                if (i > c->lat_warmup) {
+                    phase[0] += ta - t0, phase[1] += tb - ta, phase[2] += tc - tb;
+                    phase[3] += now_s() - tc;
+                }
             }
         }
+        if (g_opt.breakdown) {
+            double m = (double)c->lat_iters / 1e6;
+            fprintf(stderr,
+                    client ? "breakdown %7" PRIu64 " B client: isend %.1f us, send completion "
+                             "%.1f, pong arrival %.1f, next irecv %.1f\n"
+                           : "breakdown %7" PRIu64 " B server: wait for ping %.1f us, next irecv "
+                             "%.1f, isend %.1f, send completion %.1f\n",
+                    size, phase[0] / m, phase[1] / m, phase[2] / m, phase[3] / m);
+        }
+        memset(phase, 0, sizeof(phase));
         if (client) {
             uint64_t m = c->lat_iters;
             double sum = 0;
@@ -736,6 +762,7 @@ static void usage(FILE *f) {
                "  -t, --timeout SEC     give up when one size takes longer (default 120)\n"
                "      --server[=FILE]   only the receiver: write the hex handle to FILE or stdout\n"
                "      --client=HEX|@FILE  only the sender, connecting to that handle\n"
+               "      --breakdown       latency: where each side's time goes, per phase (stderr)\n"
                "  -v, --verbose         plugin INFO lines (twice: TRACE)\n"
                "Without --server/--client one process forks the other (handle through a pipe).\n");
 }
@@ -761,32 +788,21 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
         .timeout_s = 120,
         .role = ROLE_FORK,
     };
-    enum { OPT_NO_VERIFY = 256, OPT_SERVER, OPT_CLIENT };
-    static const struct option lo[] = {{"dev", 1, 0, 'd'},
-                                       {"mode", 1, 0, 'm'},
-                                       {"api", 1, 0, 'a'},
-                                       {"window", 1, 0, 'w'},
-                                       {"min", 1, 0, 'b'},
-                                       {"max", 1, 0, 'e'},
-                                       {"factor", 1, 0, 'f'},
-                                       {"bytes", 1, 0, 'B'},
-                                       {"min-iters", 1, 0, 'i'},
-                                       {"warmup", 1, 0, 'W'},
-                                       {"lat-min", 1, 0, 'l'},
-                                       {"lat-max", 1, 0, 'L'},
-                                       {"lat-factor", 1, 0, 'F'},
-                                       {"sizes", 1, 0, 's'},
-                                       {"lat-sizes", 1, 0, 'S'},
-                                       {"lat-iters", 1, 0, 'n'},
-                                       {"lat-warmup", 1, 0, 'N'},
-                                       {"no-verify", 0, 0, OPT_NO_VERIFY},
-                                       {"plugin", 1, 0, 'p'},
-                                       {"timeout", 1, 0, 't'},
-                                       {"server", 2, 0, OPT_SERVER},
-                                       {"client", 1, 0, OPT_CLIENT},
-                                       {"verbose", 0, 0, 'v'},
-                                       {"help", 0, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    enum { OPT_NO_VERIFY = 256, OPT_SERVER, OPT_CLIENT, OPT_BREAKDOWN };
+    static const struct option lo[] = {
+        {"dev", 1, 0, 'd'},           {"mode", 1, 0, 'm'},
+        {"api", 1, 0, 'a'},           {"window", 1, 0, 'w'},
+        {"min", 1, 0, 'b'},           {"max", 1, 0, 'e'},
+        {"factor", 1, 0, 'f'},        {"bytes", 1, 0, 'B'},
+        {"min-iters", 1, 0, 'i'},     {"warmup", 1, 0, 'W'},
+        {"lat-min", 1, 0, 'l'},       {"lat-max", 1, 0, 'L'},
+        {"lat-factor", 1, 0, 'F'},    {"sizes", 1, 0, 's'},
+        {"lat-sizes", 1, 0, 'S'},     {"lat-iters", 1, 0, 'n'},
+        {"lat-warmup", 1, 0, 'N'},    {"no-verify", 0, 0, OPT_NO_VERIFY},
+        {"plugin", 1, 0, 'p'},        {"timeout", 1, 0, 't'},
+        {"server", 2, 0, OPT_SERVER}, {"client", 1, 0, OPT_CLIENT},
+        {"verbose", 0, 0, 'v'},       {"breakdown", 0, 0, OPT_BREAKDOWN},
+        {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "d:m:a:w:b:e:f:s:B:i:W:l:L:F:S:n:N:p:t:vh", lo, NULL)) !=
            -1) {
@@ -864,6 +880,9 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
         case OPT_CLIENT:
             o->role = ROLE_CLIENT;
             o->handle_in = optarg;
+            break;
+        case OPT_BREAKDOWN:
+            o->breakdown = 1;
             break;
         case 'v':
             o->verbose++;

@@ -35,7 +35,7 @@ if [ "${1:-}" != --inside ]; then
   for f in "$BUILD_DIR/bench/erdma_bench" "$BUILD_DIR/src/libnccl-net-erdma.so"; do
     [ -e "$f" ] || { echo "missing $f: build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR -j2)" >&2; exit 2; }
   done
-  export BUILD_DIR BENCH_CMDLINE="$0 $*"
+  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}"
   if [ -n "$OUT_FILE" ]; then
     mkdir -p "$(dirname "$OUT_FILE")"
     tests/vm/run-in-rdma-vm.sh bench/run-vm-bench.sh --inside "${@:-rxe0 siw0}" | tee "$OUT_FILE"
@@ -201,6 +201,7 @@ for dev in "${DEVICES[@]}"; do
   table "$dev" >> "$REPORT"
   unset BWP LATP BWX LATX
 done
+echo "(measured in ${SECONDS}s inside the VM)" >> "$REPORT"
 echo
 cat "$REPORT"
 rm -rf "$LOG"
