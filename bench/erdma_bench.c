@@ -80,6 +80,7 @@ struct opts {
     int timeout_s;
     int verbose;
     int breakdown;
+    int poll_sleep_us; /* diagnostic: yield the CPU between empty tests (bandwidth) */
     uint64_t bw_min, bw_max, bw_factor; /* ranges that fill the size lists ... */
     uint64_t lat_min, lat_max, lat_factor;
     const char *bw_list, *lat_list; /* ... unless given as lists */
@@ -404,6 +405,7 @@ static double stream(struct peer *p, bool sender, size_t size, uint64_t iters, u
             done++;
         } else {
             check_deadline(sender ? "send" : "recv", size, done, iters);
+            if (g_opt.poll_sleep_us) usleep((useconds_t)g_opt.poll_sleep_us);
         }
     }
     return now_s() - t0;
@@ -739,32 +741,35 @@ static uint32_t size_list(const char *list, uint64_t min, uint64_t max, uint64_t
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: erdma_bench [options]\n"
-               "  -d, --dev NAME        RDMA device (sets NCCL_IB_HCA==NAME); default: first\n"
-               "  -m, --mode bw|lat|both  what to measure (default both)\n"
-               "  -a, --api 8|12        ncclNet table to use (default 12)\n"
-               "  -w, --window N        requests in flight, 1..32 (default 16)\n"
-               "  -b, --min SIZE        bandwidth sizes from (default 4K)\n"
-               "  -e, --max SIZE        ... to (default 64M)\n"
-               "  -f, --factor N        ... multiplying by (default 4)\n"
-               "  -s, --sizes LIST      bandwidth sizes as a list (e.g. 1M,4M,16M,64M)\n"
-               "  -B, --bytes SIZE      timed bytes per bandwidth size (default 64M)\n"
-               "  -i, --min-iters N     at least N timed messages per size (default 16)\n"
-               "  -W, --warmup N        warmup messages per bandwidth size (default 4)\n"
-               "  -l, --lat-min SIZE    latency sizes from (default 8)\n"
-               "  -L, --lat-max SIZE    ... to (default 64K)\n"
-               "  -F, --lat-factor N    ... multiplying by (default 2)\n"
-               "  -S, --lat-sizes LIST  latency sizes as a list (e.g. 8,64,4K)\n"
-               "  -n, --lat-iters N     timed round trips per size (default 1000)\n"
-               "  -N, --lat-warmup N    warmup round trips per size (default 50)\n"
-               "      --no-verify       skip the first-iteration data check\n"
-               "  -p, --plugin PATH     the plugin .so (default libnccl-net-erdma.so)\n"
-               "  -t, --timeout SEC     give up when one size takes longer (default 120)\n"
-               "      --server[=FILE]   only the receiver: write the hex handle to FILE or stdout\n"
-               "      --client=HEX|@FILE  only the sender, connecting to that handle\n"
-               "      --breakdown       latency: where each side's time goes, per phase (stderr)\n"
-               "  -v, --verbose         plugin INFO lines (twice: TRACE)\n"
-               "Without --server/--client one process forks the other (handle through a pipe).\n");
+    fprintf(f,
+            "usage: erdma_bench [options]\n"
+            "  -d, --dev NAME        RDMA device (sets NCCL_IB_HCA==NAME); default: first\n"
+            "  -m, --mode bw|lat|both  what to measure (default both)\n"
+            "  -a, --api 8|12        ncclNet table to use (default 12)\n"
+            "  -w, --window N        requests in flight, 1..32 (default 16)\n"
+            "  -b, --min SIZE        bandwidth sizes from (default 4K)\n"
+            "  -e, --max SIZE        ... to (default 64M)\n"
+            "  -f, --factor N        ... multiplying by (default 4)\n"
+            "  -s, --sizes LIST      bandwidth sizes as a list (e.g. 1M,4M,16M,64M)\n"
+            "  -B, --bytes SIZE      timed bytes per bandwidth size (default 64M)\n"
+            "  -i, --min-iters N     at least N timed messages per size (default 16)\n"
+            "  -W, --warmup N        warmup messages per bandwidth size (default 4)\n"
+            "  -l, --lat-min SIZE    latency sizes from (default 8)\n"
+            "  -L, --lat-max SIZE    ... to (default 64K)\n"
+            "  -F, --lat-factor N    ... multiplying by (default 2)\n"
+            "  -S, --lat-sizes LIST  latency sizes as a list (e.g. 8,64,4K)\n"
+            "  -n, --lat-iters N     timed round trips per size (default 1000)\n"
+            "  -N, --lat-warmup N    warmup round trips per size (default 50)\n"
+            "      --no-verify       skip the first-iteration data check\n"
+            "  -p, --plugin PATH     the plugin .so (default libnccl-net-erdma.so)\n"
+            "  -t, --timeout SEC     give up when one size takes longer (default 120)\n"
+            "      --server[=FILE]   only the receiver: write the hex handle to FILE or stdout\n"
+            "      --client=HEX|@FILE  only the sender, connecting to that handle\n"
+            "      --breakdown       latency: where each side's time goes, per phase (stderr)\n"
+            "      --poll-sleep US   bandwidth: sleep between empty tests (diagnostic: frees the\n"
+            "                        CPU for a software RDMA device; NCCL's proxy spins)\n"
+            "  -v, --verbose         plugin INFO lines (twice: TRACE)\n"
+            "Without --server/--client one process forks the other (handle through a pipe).\n");
 }
 
 static void parse_opts(int argc, char **argv, struct opts *o) {
@@ -788,21 +793,34 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
         .timeout_s = 120,
         .role = ROLE_FORK,
     };
-    enum { OPT_NO_VERIFY = 256, OPT_SERVER, OPT_CLIENT, OPT_BREAKDOWN };
-    static const struct option lo[] = {
-        {"dev", 1, 0, 'd'},           {"mode", 1, 0, 'm'},
-        {"api", 1, 0, 'a'},           {"window", 1, 0, 'w'},
-        {"min", 1, 0, 'b'},           {"max", 1, 0, 'e'},
-        {"factor", 1, 0, 'f'},        {"bytes", 1, 0, 'B'},
-        {"min-iters", 1, 0, 'i'},     {"warmup", 1, 0, 'W'},
-        {"lat-min", 1, 0, 'l'},       {"lat-max", 1, 0, 'L'},
-        {"lat-factor", 1, 0, 'F'},    {"sizes", 1, 0, 's'},
-        {"lat-sizes", 1, 0, 'S'},     {"lat-iters", 1, 0, 'n'},
-        {"lat-warmup", 1, 0, 'N'},    {"no-verify", 0, 0, OPT_NO_VERIFY},
-        {"plugin", 1, 0, 'p'},        {"timeout", 1, 0, 't'},
-        {"server", 2, 0, OPT_SERVER}, {"client", 1, 0, OPT_CLIENT},
-        {"verbose", 0, 0, 'v'},       {"breakdown", 0, 0, OPT_BREAKDOWN},
-        {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+    enum { OPT_NO_VERIFY = 256, OPT_SERVER, OPT_CLIENT, OPT_BREAKDOWN, OPT_POLL_SLEEP };
+    static const struct option lo[] = {{"dev", 1, 0, 'd'},
+                                       {"mode", 1, 0, 'm'},
+                                       {"api", 1, 0, 'a'},
+                                       {"window", 1, 0, 'w'},
+                                       {"min", 1, 0, 'b'},
+                                       {"max", 1, 0, 'e'},
+                                       {"factor", 1, 0, 'f'},
+                                       {"bytes", 1, 0, 'B'},
+                                       {"min-iters", 1, 0, 'i'},
+                                       {"warmup", 1, 0, 'W'},
+                                       {"lat-min", 1, 0, 'l'},
+                                       {"lat-max", 1, 0, 'L'},
+                                       {"lat-factor", 1, 0, 'F'},
+                                       {"sizes", 1, 0, 's'},
+                                       {"lat-sizes", 1, 0, 'S'},
+                                       {"lat-iters", 1, 0, 'n'},
+                                       {"lat-warmup", 1, 0, 'N'},
+                                       {"no-verify", 0, 0, OPT_NO_VERIFY},
+                                       {"plugin", 1, 0, 'p'},
+                                       {"timeout", 1, 0, 't'},
+                                       {"server", 2, 0, OPT_SERVER},
+                                       {"client", 1, 0, OPT_CLIENT},
+                                       {"verbose", 0, 0, 'v'},
+                                       {"breakdown", 0, 0, OPT_BREAKDOWN},
+                                       {"poll-sleep", 1, 0, OPT_POLL_SLEEP},
+                                       {"help", 0, 0, 'h'},
+                                       {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "d:m:a:w:b:e:f:s:B:i:W:l:L:F:S:n:N:p:t:vh", lo, NULL)) !=
            -1) {
@@ -880,6 +898,9 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
         case OPT_CLIENT:
             o->role = ROLE_CLIENT;
             o->handle_in = optarg;
+            break;
+        case OPT_POLL_SLEEP:
+            o->poll_sleep_us = atoi(optarg);
             break;
         case OPT_BREAKDOWN:
             o->breakdown = 1;
