@@ -1,21 +1,389 @@
-/* rdma_cm connection path (iWARP): filled in by the iWARP work. */
+/*
+ * Owns the rdma_cm path: eRDMA's standard (iWARP) mode connects QPs only
+ * through rdma_cm (iw_cm/MPA over TCP), so GID exchange cannot work there.
+ * The out-of-band TCP handshake in conn.c still swaps the control-region keys;
+ * this file only wires each QP with a CM connect carrying a private-data
+ * record (listen nonce + QP index) that the listener checks before accepting.
+ * Event channels are non-blocking, so every step fits NCCL's retry loop.
+ */
 #include "conn.h"
 #include "log.h"
+#include "oob.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
 
-int cm_listen(struct listen_comm *lc) {
-    WARN("%s: rdma_cm connections are not implemented yet", lc->base.dev->name);
-    return -EOPNOTSUPP;
+#define CM_RESOLVE_MS 5000
+
+struct cm_private {
+    uint32_t magic;
+    uint16_t qp_index;
+    uint16_t nqps;
+    uint64_t nonce;
+};
+
+static int cm_channel_open(struct rdma_event_channel **out) {
+    struct rdma_event_channel *ch = vb.cm_create_event_channel();
+    if (!ch) return errno ? -errno : -ENOMEM;
+    if (fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK)) {
+        int err = -errno;
+        vb.cm_destroy_event_channel(ch);
+        return err;
+    }
+    *out = ch;
+    return 0;
 }
 
-void cm_close_listen(struct listen_comm *lc) {}
+/* 1 with an event, 0 when none is pending, -errno on failure. */
+static int cm_next_event(struct rdma_event_channel *ch, struct rdma_cm_event **ev) {
+    if (vb.cm_get_cm_event(ch, ev) == 0) return 1;
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    return -errno;
+}
+
+static int cm_fail(const struct erdma_device *dev, const char *peer, struct rdma_cm_event *ev,
+                   const char *doing) {
+    int status = ev->status;
+    enum rdma_cm_event_type type = ev->event;
+    WARN("%s: rdma_cm %s with %s failed: event %s, status %d (%s). Check that the peer is "
+         "alive, that %s is reachable over the eRDMA interface, and that both nodes run eRDMA "
+         "in the same mode.",
+         dev->name, doing, peer, vb.cm_event_str(type), status,
+         status < 0 ? strerror(-status) : "see the peer's log", peer);
+    switch (type) {
+    case RDMA_CM_EVENT_REJECTED:
+        return -ECONNREFUSED;
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+        return -EHOSTUNREACH;
+    default:
+        return -ECONNABORTED;
+    }
+}
+
+static void cm_qp_attr(struct ibv_qp_init_attr *a, struct conn *c, bool sender) {
+    const struct erdma_device *dev = c->base.dev;
+    qp_init_attr(a, c->cq, conn_sq_depth(dev, sender), sender ? 1 : ERDMA_RQ_DEPTH,
+                 ERDMA_MAX_INLINE);
+}
+
+/* rdma_create_qp with eRDMA's inline limit, stepping down for devices that allow less. */
+static int cm_create_qp(struct rdma_cm_id *id, struct conn *c, bool sender, struct qp_ctx *q) {
+    struct ibv_qp_init_attr a;
+    static const int inline_try[] = {ERDMA_MAX_INLINE, 64, 0};
+    for (size_t i = 0; i < sizeof(inline_try) / sizeof(inline_try[0]); i++) {
+        cm_qp_attr(&a, c, sender);
+        a.cap.max_inline_data = (uint32_t)inline_try[i];
+        if (vb.cm_create_qp(id, c->base.dev->pd, &a) == 0) {
+            q->qp = id->qp;
+            q->cm_id = id;
+            q->sq_depth = (int)a.cap.max_send_wr < conn_sq_depth(c->base.dev, sender)
+                              ? (int)a.cap.max_send_wr
+                              : conn_sq_depth(c->base.dev, sender);
+            q->max_inline = (int)a.cap.max_inline_data > ERDMA_MAX_INLINE
+                                ? ERDMA_MAX_INLINE
+                                : (int)a.cap.max_inline_data;
+            return 0;
+        }
+    }
+    int err = errno ? errno : ENOMEM;
+    WARN("%s: rdma_create_qp failed: %s", c->base.dev->name, strerror(err));
+    return -err;
+}
+
+static void conn_param(struct rdma_conn_param *p, const struct cm_private *priv) {
+    memset(p, 0, sizeof(*p));
+    p->private_data = priv;
+    p->private_data_len = priv ? sizeof(*priv) : 0;
+    p->responder_resources = 1;
+    p->initiator_depth = 1;
+    p->retry_count = 7;
+    p->rnr_retry_count = 7;
+}
+
+/* ------------------------------------------------------------ listener */
+int cm_listen(struct listen_comm *lc) {
+    struct erdma_device *dev = lc->base.dev;
+    int rc = cm_channel_open(&lc->cm_ch);
+    if (rc) {
+        WARN("%s: cannot create an rdma_cm event channel: %s (is rdma_ucm loaded and "
+             "/dev/infiniband/rdma_cm passed to the container?)",
+             dev->name, strerror(-rc));
+        return rc;
+    }
+    struct sockaddr_in addr = dev->ip;
+    addr.sin_port = 0;
+    if (vb.cm_create_id(lc->cm_ch, &lc->cm_id, lc, RDMA_PS_TCP) ||
+        vb.cm_bind_addr(lc->cm_id, (struct sockaddr *)&addr) || vb.cm_listen(lc->cm_id, 128)) {
+        rc = errno ? -errno : -EINVAL;
+        char a[64];
+        oob_format(&addr, a, sizeof(a));
+        WARN("%s: rdma_cm cannot listen on %s: %s", dev->name, a, strerror(-rc));
+        return rc;
+    }
+    lc->cm_addr = addr;
+    lc->cm_addr.sin_port = vb.cm_get_src_port(lc->cm_id); /* already network order */
+    TRACE(NCCL_NET, "%s: rdma_cm listening on port %u", dev->name, ntohs(lc->cm_addr.sin_port));
+    return 0;
+}
+
+void cm_close_listen(struct listen_comm *lc) {
+    if (lc->cm_id) vb.cm_destroy_id(lc->cm_id);
+    if (lc->cm_ch) vb.cm_destroy_event_channel(lc->cm_ch);
+    lc->cm_id = NULL;
+    lc->cm_ch = NULL;
+}
+
+/* ------------------------------------------------------------ sender */
+enum { CM_START = 0, CM_WAIT };
+
+static int connect_handle_event(struct send_comm *sc, struct rdma_cm_event *ev, uint64_t nonce,
+                                int *established) {
+    struct conn *c = &sc->c;
+    struct erdma_device *dev = c->base.dev;
+    int i = (int)(intptr_t)ev->id->context;
+    struct rdma_conn_param param;
+    struct cm_private priv = {
+        .magic = WIRE_MAGIC, .qp_index = (uint16_t)i, .nqps = (uint16_t)c->nqps, .nonce = nonce};
+    int rc = 0;
+    switch (ev->event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+        if (vb.cm_resolve_route(ev->id, CM_RESOLVE_MS)) {
+            rc = -errno;
+            WARN("%s: rdma_resolve_route to %s failed: %s", dev->name, c->peer, strerror(-rc));
+        }
+        break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+        if (ev->id->verbs != dev->ctx) {
+            WARN("%s: rdma_cm routes %s through %s, not this device: use one IP subnet per "
+                 "eRDMA interface",
+                 dev->name, c->peer, vb.get_device_name(ev->id->verbs->device));
+            rc = -EHOSTUNREACH;
+            break;
+        }
+        rc = cm_create_qp(ev->id, c, true, &c->qps[i]);
+        if (rc) break;
+        conn_param(&param, &priv);
+        if (vb.cm_connect(ev->id, &param)) {
+            rc = -errno;
+            WARN("%s: rdma_connect to %s failed: %s", dev->name, c->peer, strerror(-rc));
+        }
+        break;
+    case RDMA_CM_EVENT_ESTABLISHED:
+        (*established)++;
+        break;
+    default:
+        rc = cm_fail(dev, c->peer, ev, "connect");
+        break;
+    }
+    return rc;
+}
 
 int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uint64_t nonce,
                         int *stage, const struct qp_params *qpp) {
-    return -EOPNOTSUPP;
+    struct conn *c = &sc->c;
+    struct erdma_device *dev = c->base.dev;
+    int rc;
+    if (*stage == CM_START) {
+        rc = cm_channel_open(&c->cm_ch);
+        if (rc) return rc;
+        struct sockaddr_in src = dev->ip;
+        src.sin_port = 0;
+        for (int i = 0; i < c->nqps; i++) {
+            struct rdma_cm_id *id;
+            if (vb.cm_create_id(c->cm_ch, &id, (void *)(intptr_t)i, RDMA_PS_TCP)) return -errno;
+            c->qps[i].cm_id = id;
+            if (vb.cm_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)dst,
+                                   CM_RESOLVE_MS)) {
+                rc = -errno;
+                WARN("%s: rdma_resolve_addr to %s failed: %s", dev->name, c->peer, strerror(-rc));
+                return rc;
+            }
+        }
+        *stage = CM_WAIT;
+    }
+    int established = 0;
+    for (int i = 0; i < c->nqps; i++)
+        established += c->qps[i].qp && c->qps[i].sq_used < 0;
+    struct rdma_cm_event *ev;
+    while ((rc = cm_next_event(c->cm_ch, &ev)) == 1) {
+        int before = established;
+        rc = connect_handle_event(sc, ev, nonce, &established);
+        int i = (int)(intptr_t)ev->id->context;
+        vb.cm_ack_cm_event(ev);
+        if (rc) return rc;
+        /* mark established QPs until the sender starts using them */
+        if (established > before) c->qps[i].sq_used = -1;
+    }
+    if (rc < 0) return rc;
+    if (established < c->nqps) return 0;
+    for (int i = 0; i < c->nqps; i++)
+        c->qps[i].sq_used = 0;
+    return 1;
+}
+
+/* ------------------------------------------------------------ receiver */
+static int accept_request(struct listen_comm *lc, struct recv_comm *rc, struct rdma_cm_event *ev,
+                          uint64_t nonce) {
+    struct erdma_device *dev = lc->base.dev;
+    const struct cm_private *priv = ev->param.conn.private_data;
+    char peer[64];
+    oob_format((struct sockaddr_in *)&ev->id->route.addr.dst_addr, peer, sizeof(peer));
+    if (!priv || ev->param.conn.private_data_len < sizeof(*priv) || priv->magic != WIRE_MAGIC ||
+        priv->nonce != nonce || priv->nqps != rc->c.nqps || priv->qp_index >= rc->c.nqps ||
+        rc->c.qps[priv->qp_index].cm_id) {
+        WARN("%s: rejecting an rdma_cm connection from %s that belongs to no pending accept "
+             "(stale or foreign peer)",
+             dev->name, peer);
+        vb.cm_reject(ev->id, NULL, 0);
+        return 0;
+    }
+    int i = priv->qp_index;
+    struct qp_ctx *q = &rc->c.qps[i];
+    if (ev->id->verbs != dev->ctx) {
+        WARN("%s: rdma_cm delivered %s's connection on another device", dev->name, peer);
+        vb.cm_reject(ev->id, NULL, 0);
+        return -EHOSTUNREACH;
+    }
+    int ret = cm_create_qp(ev->id, &rc->c, false, q);
+    if (ret) {
+        vb.cm_reject(ev->id, NULL, 0);
+        return ret;
+    }
+    ev->id->context = (void *)(intptr_t)i;
+    /* receives first: the peer may send as soon as the connection is up */
+    for (int k = 0; k < ERDMA_RQ_DEPTH; k++) {
+        ret = p2p_post_recv_wr(rc, i, k);
+        if (ret) return ret;
+    }
+    struct rdma_conn_param param;
+    conn_param(&param, NULL);
+    if (vb.cm_accept(ev->id, &param)) {
+        ret = -errno;
+        WARN("%s: rdma_accept for %s failed: %s", dev->name, peer, strerror(-ret));
+        return ret;
+    }
+    return 0;
 }
 
 int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce) {
-    return -EOPNOTSUPP;
+    struct rdma_cm_event *ev;
+    int ret;
+    while ((ret = cm_next_event(lc->cm_ch, &ev)) == 1) {
+        switch (ev->event) {
+        case RDMA_CM_EVENT_CONNECT_REQUEST:
+            ret = accept_request(lc, rc, ev, nonce);
+            break;
+        case RDMA_CM_EVENT_ESTABLISHED: {
+            int i = (int)(intptr_t)ev->id->context;
+            if (i >= 0 && i < rc->c.nqps && rc->c.qps[i].cm_id == ev->id) rc->c.qps[i].sq_used = -1;
+            ret = 0;
+            break;
+        }
+        default:
+            ret = cm_fail(lc->base.dev, rc->c.peer, ev, "accept");
+            break;
+        }
+        vb.cm_ack_cm_event(ev);
+        if (ret) return ret;
+    }
+    if (ret < 0) return ret;
+    for (int i = 0; i < rc->c.nqps; i++)
+        if (rc->c.qps[i].sq_used != -1) return 0;
+    /* every QP is up: later events (disconnects) belong to this comm, not the listener */
+    ret = cm_channel_open(&rc->c.cm_ch);
+    if (ret) return ret;
+    for (int i = 0; i < rc->c.nqps; i++) {
+        rc->c.qps[i].sq_used = 0;
+        if (vb.cm_migrate_id(rc->c.qps[i].cm_id, rc->c.cm_ch)) return -errno;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ flush loopback */
+static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, int *up) {
+    struct conn *c = &rc->c;
+    struct rdma_conn_param param;
+    int ret = 0;
+    switch (ev->event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+        if (vb.cm_resolve_route(ev->id, CM_RESOLVE_MS)) ret = -errno;
+        break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+        ret = cm_create_qp(ev->id, c, false, &rc->flush_qp);
+        conn_param(&param, NULL);
+        if (!ret && vb.cm_connect(ev->id, &param)) ret = -errno;
+        break;
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+        ret = cm_create_qp(ev->id, c, false, &rc->flush_peer);
+        conn_param(&param, NULL);
+        if (!ret && vb.cm_accept(ev->id, &param)) ret = -errno;
+        break;
+    case RDMA_CM_EVENT_ESTABLISHED:
+        (*up)++;
+        break;
+    default:
+        ret = cm_fail(c->base.dev, "itself (flush loopback)", ev, "loopback");
+        break;
+    }
+    return ret;
+}
+
+int cm_flush_loopback(struct recv_comm *rc) {
+    struct erdma_device *dev = rc->c.base.dev;
+    struct sockaddr_in addr = dev->ip;
+    struct rdma_cm_id *active;
+    int ret = cm_channel_open(&rc->flush_ch);
+    if (ret) return ret;
+    addr.sin_port = 0;
+    if (vb.cm_create_id(rc->flush_ch, &rc->flush_listen, NULL, RDMA_PS_TCP) ||
+        vb.cm_bind_addr(rc->flush_listen, (struct sockaddr *)&addr) ||
+        vb.cm_listen(rc->flush_listen, 1) ||
+        vb.cm_create_id(rc->flush_ch, &active, NULL, RDMA_PS_TCP))
+        goto err_errno;
+    rc->flush_qp.cm_id = active;
+    struct sockaddr_in dst = addr;
+    dst.sin_port = vb.cm_get_src_port(rc->flush_listen);
+    if (vb.cm_resolve_addr(active, (struct sockaddr *)&addr, (struct sockaddr *)&dst,
+                           CM_RESOLVE_MS))
+        goto err_errno;
+    uint64_t deadline = now_ns() + 5000000000ull;
+    int up = 0;
+    while (up < 2) {
+        struct rdma_cm_event *ev;
+        ret = cm_next_event(rc->flush_ch, &ev);
+        if (ret < 0) break;
+        if (ret == 0) {
+            if (now_ns() > deadline) {
+                ret = -ETIMEDOUT;
+                break;
+            }
+            continue;
+        }
+        ret = flush_event(rc, ev, &up);
+        vb.cm_ack_cm_event(ev);
+        if (ret) break;
+    }
+    if (up == 2) {
+        rc->flush_ready = true;
+        return 0;
+    }
+    WARN("%s: cannot set up the flush loopback through rdma_cm: %s", dev->name, strerror(-ret));
+    return ret ? ret : -EIO;
+err_errno:
+    ret = errno ? -errno : -EINVAL;
+    WARN("%s: cannot set up the flush loopback through rdma_cm: %s", dev->name, strerror(-ret));
+    return ret;
+}
+
+void cm_flush_release(struct recv_comm *rc) {
+    qp_destroy(&rc->flush_peer);
+    if (rc->flush_listen) vb.cm_destroy_id(rc->flush_listen);
+    if (rc->flush_ch) vb.cm_destroy_event_channel(rc->flush_ch);
+    rc->flush_listen = NULL;
+    rc->flush_ch = NULL;
 }

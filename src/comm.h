@@ -112,6 +112,10 @@ struct recv_comm {
     struct recv_slot slots[ERDMA_FIFO_DEPTH];
     struct qp_ctx flush_qp;
     bool flush_ready;
+    /* rdma_cm mode: the loopback is a QP pair through a private listener */
+    struct qp_ctx flush_peer;
+    struct rdma_cm_id *flush_listen;
+    struct rdma_event_channel *flush_ch;
     struct erdma_request reqs[ERDMA_RECV_REQS];
 };
 

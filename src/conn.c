@@ -414,6 +414,7 @@ struct accept_state {
 static void recv_comm_free(struct recv_comm *rc) {
     if (!rc) return;
     qp_destroy(&rc->flush_qp);
+    cm_flush_release(rc);
     conn_destroy_common(&rc->c);
     free(rc);
 }
@@ -557,9 +558,8 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
         rc = cm_accept_progress(lc, as->rc, lc->nonce);
         if (rc <= 0) return rc;
         if (flush_wanted(dev)) {
-            WARN("%s: the flush loopback is not available in rdma_cm mode; receives into GPU "
-                 "memory are not flushed",
-                 dev->name);
+            rc = cm_flush_loopback(as->rc);
+            if (rc) return rc;
         }
         as->stage = AS_RECV_READY;
         as->io_done = 0;

@@ -31,7 +31,10 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
                         int *stage, const struct qp_params *qpp);
 /* Receiver: accept nqps rdma_cm connections carrying nonce. 1 done, 0 pending, -errno. */
 int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce);
+/* The flush loopback in rdma_cm mode: a QP connected to a QP of our own through the NIC.
+ * Local only, so it completes within milliseconds; bounded by a 5 s deadline. */
+int cm_flush_loopback(struct recv_comm *rc);
+void cm_flush_release(struct recv_comm *rc);
 /* Flush loopback for rdma_cm devices: connect a QP to ourselves through lc's listener. */
-int cm_check_events(struct conn *c);
 
 #endif

@@ -268,6 +268,24 @@ static int choose_modes(struct erdma_device *d) {
     return 0;
 }
 
+/* rdma_create_qp() wants the PD (and CQ) from the very context librdmacm bound the cm_id
+ * to, not one we opened ourselves: adopt librdmacm's context for this device. */
+static struct ibv_context **cm_devices;
+
+static int use_rdmacm_context(struct erdma_device *d) {
+    int n = 0;
+    if (!cm_devices) cm_devices = vb.cm_get_devices(&n);
+    for (int i = 0; cm_devices && cm_devices[i]; i++) {
+        if (!strcmp(vb.get_device_name(cm_devices[i]->device), d->name)) {
+            d->ctx = cm_devices[i];
+            d->ctx_from_cm = true;
+            return 0;
+        }
+    }
+    WARN("%s: librdmacm does not list this device (rdma_get_devices); skipping it", d->name);
+    return -ENODEV;
+}
+
 /* Opens one device/port and fills everything but the MR cache. -errno to skip it. */
 static int device_open(struct erdma_device *d, struct ibv_device *ibdev, int port,
                        const struct ibv_device_attr *attr, const struct ibv_port_attr *pa,
@@ -309,7 +327,11 @@ static int device_open(struct erdma_device *d, struct ibv_device *ibdev, int por
     }
     find_pci_path(d);
     resolve_speed(d, pa);
-    d->pd = vb.alloc_pd(ctx);
+    if (d->connect_mode == CONNECT_RDMACM) {
+        rc = use_rdmacm_context(d);
+        if (rc) return rc;
+    }
+    d->pd = vb.alloc_pd(d->ctx);
     if (!d->pd) {
         WARN("%s: ibv_alloc_pd failed: %s", d->name, strerror(errno));
         return -errno ? -errno : -ENOMEM;
@@ -406,7 +428,7 @@ int devices_discover(void) {
             snprintf(d->name, sizeof(d->name), "%s", name);
             if (device_open(d, list[i], port, &attr, &pa, ctx)) continue;
             ndevices++;
-            used++;
+            used += d->ctx == ctx;
         }
         if (!used) vb.close_device(ctx);
     }
@@ -433,8 +455,10 @@ void devices_release(void) {
         bool shared_later = false;
         for (int j = i + 1; j < ndevices; j++)
             shared_later |= devices[j].ctx == d->ctx;
-        if (!shared_later) vb.close_device(d->ctx);
+        if (!shared_later && !d->ctx_from_cm) vb.close_device(d->ctx);
     }
+    if (cm_devices) vb.cm_free_devices(cm_devices);
+    cm_devices = NULL;
     memset(devices, 0, sizeof(devices));
     ndevices = 0;
 }

@@ -30,6 +30,7 @@ struct erdma_device {
     char name[64];
     int port;
     struct ibv_context *ctx;
+    bool ctx_from_cm; /* librdmacm's context: QPs on rdma_cm ids must share it */
     struct ibv_pd *pd;
     enum erdma_transport transport;
     enum connect_mode connect_mode;

@@ -8,6 +8,7 @@
 #include "device.h"
 #include "log.h"
 #include "mr_cache.h"
+#include "mtu_guard.h"
 #include "params.h"
 #include "topo.h"
 #include "verbs.h"
@@ -41,6 +42,7 @@ int erdma_init(ncclDebugLogger_t logger) {
         goto fail;
     }
     topo_autoselect(); /* never fails init: logs why when it leaves NCCL alone */
+    mtu_guard_run();
     rc = 0;
     goto out;
 fail:

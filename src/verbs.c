@@ -113,6 +113,8 @@ static void load_rdmacm(void) {
     LOAD(rdmacm_handle, cm_event_str, "rdma_event_str", 1);
     LOAD(rdmacm_handle, cm_migrate_id, "rdma_migrate_id", 1);
     LOAD(rdmacm_handle, cm_get_src_port, "rdma_get_src_port", 1);
+    LOAD(rdmacm_handle, cm_get_devices, "rdma_get_devices", 1);
+    LOAD(rdmacm_handle, cm_free_devices, "rdma_free_devices", 1);
     return;
 err_sym:
     WARN("%s has no symbol %s; iWARP devices are disabled", lib, missing);

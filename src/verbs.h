@@ -66,6 +66,8 @@ struct verbs_api {
     const char *(*cm_event_str)(enum rdma_cm_event_type ev);
     int (*cm_migrate_id)(struct rdma_cm_id *id, struct rdma_event_channel *ch);
     uint16_t (*cm_get_src_port)(struct rdma_cm_id *id);
+    struct ibv_context **(*cm_get_devices)(int *num);
+    void (*cm_free_devices)(struct ibv_context **list);
 };
 
 extern struct verbs_api vb;

@@ -167,6 +167,29 @@ static struct rdma_event_channel *fake_cm_create_event_channel(void) {
     return NULL;
 }
 
+/* librdmacm opens its own context per device; iWARP devices adopt it (device.c). */
+static int cm_lists_out;
+
+static struct ibv_context **fake_cm_get_devices(int *num) {
+    struct ibv_context **list = calloc(FAKE_MAX_DEVS + 1, sizeof(*list));
+    for (int i = 0; i < nfdevs; i++) {
+        struct fake_ctx *c = calloc(1, sizeof(*c));
+        c->ctx.device = &fdevs[i].ibdev;
+        c->dev = &fdevs[i];
+        list[i] = &c->ctx;
+    }
+    if (num) *num = nfdevs;
+    cm_lists_out++;
+    return list;
+}
+
+static void fake_cm_free_devices(struct ibv_context **list) {
+    for (int i = 0; list[i]; i++)
+        free(list[i]);
+    free(list);
+    cm_lists_out--;
+}
+
 static struct verbs_api fake_api(void) {
     struct verbs_api api = {
         .get_device_list = fake_get_device_list,
@@ -182,6 +205,8 @@ static struct verbs_api fake_api(void) {
         .reg_dmabuf_mr = fake_reg_dmabuf_mr,
         .dereg_mr = fake_dereg_mr,
         .cm_create_event_channel = fake_cm_create_event_channel,
+        .cm_get_devices = fake_cm_get_devices,
+        .cm_free_devices = fake_cm_free_devices,
     };
     return api;
 }
@@ -294,6 +319,7 @@ static void release_and_check(void) {
     devices_release();
     assert_int_equal(devices_count(), 0);
     assert_int_equal(calls.closes, calls.opens);
+    assert_int_equal(cm_lists_out, 0); /* librdmacm device list released */
     assert_int_equal(calls.pds_freed, calls.pds);
     assert_int_equal(calls.mrs_freed, calls.mrs);
     assert_int_equal(calls.lists_freed, calls.lists);

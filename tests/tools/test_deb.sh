@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the .deb with cpack, checks its control fields, unpacks it into a temporary root
+# and loads the plugin from there (dlopen + dlsym of every ncclNetPlugin_vN; no devices).
+#   test_deb.sh BUILD_DIR            (unit)
+#   test_deb.sh BUILD_DIR --install  (VM only: dpkg -i on the VM's throw-away root, then
+#                                     NCCL-style dlopen by name and init on rxe0/siw0)
+set -euo pipefail
+BUILD=${1:?usage: test_deb.sh BUILD_DIR [--install]}
+PROBE=${PLUGIN_PROBE:?set by ctest}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+(cd "$tmp" && cpack -G DEB --config "$BUILD/CPackConfig.cmake" -B "$tmp/out" >"$tmp/log" 2>&1) ||
+    { cat "$tmp/log"; exit 1; }
+deb=$(ls "$tmp"/out/nccl-net-erdma_*.deb)
+echo "built $(basename "$deb")"
+[ "$(dpkg-deb -f "$deb" Package)" = nccl-net-erdma ]
+# (grep -q on a pipe would SIGPIPE dpkg-deb under pipefail: read into variables first)
+depends=$(dpkg-deb -f "$deb" Depends)
+grep -q 'libibverbs1' <<<"$depends"
+grep -q 'librdmacm1' <<<"$depends"
+contents=$(dpkg-deb -c "$deb")
+grep -q '\./usr/lib/libnccl-net-erdma\.so$' <<<"$contents"
+grep -q '\./usr/bin/nccl-erdma-doctor$' <<<"$contents"
+dpkg-deb -x "$deb" "$tmp/root"
+"$PROBE" "$tmp/root/usr/lib/libnccl-net-erdma.so"
+LD_LIBRARY_PATH=$tmp/root/usr/lib "$PROBE" libnccl-net-erdma.so
+"$tmp/root/usr/bin/nccl-erdma-doctor" --version
+if [ "${2:-}" = --install ]; then
+    [ "${RDMA_VM:-}" = 1 ] || { echo "FAIL: --install only inside the RDMA VM (its root is thrown away)"; exit 1; }
+    dpkg -i "$deb"
+    # the way NCCL finds it with NCCL_NET_PLUGIN=erdma: by name, from the default search path
+    out=$("$PROBE" libnccl-net-erdma.so --init)
+    echo "$out"
+    grep -q "^init 0 devices 2 " <<<"$out"
+    [ "$(command -v nccl-erdma-doctor)" = /usr/bin/nccl-erdma-doctor ]
+    dpkg -r nccl-net-erdma
+fi
+echo "deb: OK"

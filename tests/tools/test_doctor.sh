@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Tests of nccl-erdma-doctor on the fixture trees in tests/fixtures/doctor (see regen.py there).
+#   test_doctor.sh CHECK     runs the OK / WARN / FAIL cases of one check (one ctest each)
+#   test_doctor.sh json|sync the JSON output; the plugin API list against src/exports.map
+# Each case asserts the exit status and one line of output; any miss fails the test.
+set -uo pipefail
+# shellcheck disable=SC2046,SC2001 # $(tree X) splits into options on purpose
+HERE=$(cd "$(dirname "$0")" && pwd)
+SRC=$(cd "$HERE/../.." && pwd)
+DOCTOR=${DOCTOR:-$SRC/tools/nccl-erdma-doctor}
+FX=$SRC/tests/fixtures/doctor
+[ -x "$DOCTOR" ] || { echo "FAIL: $DOCTOR is not executable"; exit 1; }
+unset NCCL_PROTO NCCL_ERDMA_MTU_GUARD NCCL_HOME
+
+pass=0 fail=0
+# expect NAME RC PATTERN -- ARGS... : the doctor exits RC and prints a line containing PATTERN
+expect() {
+    local name=$1 want_rc=$2 pattern=$3 out rc
+    shift 4
+    out=$("$DOCTOR" "$@" 2>&1)
+    rc=$?
+    if [ "$rc" != "$want_rc" ]; then
+        echo "FAIL $name: exit $rc, expected $want_rc"; echo "$out" | sed 's/^/    /'; fail=$((fail + 1))
+    elif ! grep -qF -- "$pattern" <<<"$out"; then
+        echo "FAIL $name: no line with '$pattern'"; echo "$out" | sed 's/^/    /'; fail=$((fail + 1))
+    else
+        echo "ok   $name"; pass=$((pass + 1))
+    fi
+}
+tree() { # the options that point every input at fixture tree $1
+    echo "--sysfs-root $FX/$1 --dev-root $FX/$1/dev"
+}
+
+case ${1:-} in
+devices)
+    expect ok 0 "[OK  ] devices: 2 port(s) ACTIVE: erdma_0:1 erdma_1:1" -- --only devices $(tree node-ok)
+    expect warn 0 "[WARN] devices: ACTIVE: erdma_0:1; not active: erdma_1:1(DOWN)" -- --only devices $(tree node-warn)
+    expect fail-down 1 "[FAIL] devices: no ACTIVE port: erdma_0:1(DOWN) erdma_1:1(DOWN)" -- --only devices $(tree node-fail)
+    expect fail-none 1 "[FAIL] devices: no RDMA device" -- --only devices $(tree empty)
+    expect fail-has-fix 1 "fix: on a node: install and load the eRDMA driver" -- --only devices $(tree empty)
+    ;;
+devnodes)
+    expect ok 0 "[OK  ] devnodes: uverbs0 uverbs1 and rdma_cm accessible" -- --only devnodes $(tree node-ok)
+    expect warn-no-rdma_cm 0 "[WARN] devnodes: uverbs0 uverbs1 usable, but" -- --only devnodes $(tree node-warn)
+    expect fail-no-dir 1 "[FAIL] devnodes: $FX/node-fail/dev/infiniband does not exist" -- --only devnodes $(tree node-fail)
+    expect fail-no-uverbs 1 "[FAIL] devnodes: no uverbs* device node" -- --only devnodes $(tree empty)
+    ;;
+gid)
+    expect ok-roce 0 "[OK  ] gid erdma_1: port 1 GID index 1 = ::ffff:10.0.1.1 (RoCE v2)" -- --only gid $(tree node-ok)
+    expect ok-iwarp 0 "[OK  ] gid siw0: iWARP device (node_type RNIC): connects through rdma_cm" -- --only gid $(tree iwarp)
+    expect warn-masked-type 0 "[WARN] gid erdma_0: port 1 GID index 1 = ::ffff:10.0.0.1, but its type is unreadable" -- --only gid $(tree node-warn)
+    expect fail-zero-gid 1 "[FAIL] gid erdma_0: GID index 1 is '0000:0000:0000:0000:0000:0000:0000:0000'" -- --only gid $(tree node-fail)
+    expect fail-roce-v1 1 "[FAIL] gid erdma_1: port 1 GID index 1 = ::ffff:10.0.1.1 is 'IB/RoCE v1'" -- --only gid $(tree node-fail)
+    expect fail-iwarp-no-rdma_cm 1 "[FAIL] gid siw0: iWARP device (node_type RNIC) but" -- --only gid --sysfs-root "$FX/iwarp" --dev-root "$FX/node-warn/dev"
+    expect skip-no-device 0 "[SKIP] gid: no RDMA device" -- --only gid $(tree empty)
+    ;;
+mtu)
+    expect ok-8500 0 "[OK  ] mtu eth0: MTU 8500 (device erdma_0) is safe for LL128" -- --only mtu $(tree node-ok)
+    expect ok-1400 0 "[OK  ] mtu eth1: MTU 1400 (device erdma_1) is safe for LL128" -- --only mtu $(tree node-ok)
+    expect ok-iwarp-by-mac 0 "[OK  ] mtu eth1: MTU 1400 (device siw0)" -- --only mtu $(tree iwarp)
+    NCCL_PROTO=^LL128 expect warn-proto-excludes 0 "[WARN] mtu eth0: MTU 1500 (device erdma_0) is neither 8500 nor 1400; LL128 is excluded by NCCL_PROTO=^LL128" -- --only mtu $(tree node-warn)
+    NCCL_PROTO=LL,Simple expect warn-proto-list 0 "LL128 is excluded by NCCL_PROTO=LL,Simple" -- --only mtu $(tree node-warn)
+    NCCL_ERDMA_MTU_GUARD=disable-ll128 expect warn-guard 0 "LL128 is excluded by NCCL_ERDMA_MTU_GUARD=disable-ll128" -- --only mtu $(tree node-warn)
+    expect fail-1500 1 "[FAIL] mtu eth0: MTU 1500 (device erdma_0) is neither 8500 nor 1400" -- --only mtu $(tree node-warn)
+    expect fail-9000 1 "[FAIL] mtu eth1: MTU 9000 (device erdma_1)" -- --only mtu $(tree node-fail)
+    NCCL_PROTO=LL128,Simple expect fail-proto-allows 1 "[FAIL] mtu eth0: MTU 1500" -- --only mtu $(tree node-warn)
+    NCCL_PROTO=^LL expect fail-proto-excludes-other 1 "[FAIL] mtu eth0: MTU 1500" -- --only mtu $(tree node-warn)
+    ;;
+memlock)
+    expect ok 0 "[OK  ] memlock: locked-memory limit is unlimited" -- --only memlock --memlock unlimited
+    expect warn 0 "[WARN] memlock: locked-memory limit is 1048576 KiB" -- --only memlock --memlock 1048576
+    expect fail-docker-default 1 "[FAIL] memlock: locked-memory limit is 8192 KiB: memory registration will fail with 'Cannot allocate memory'" -- --only memlock --memlock 8192
+    expect fail-has-fix 1 "IPC_LOCK, SYS_RESOURCE" -- --only memlock --memlock 64
+    expect skip-garbage 0 "[SKIP] memlock: cannot parse" -- --only memlock --memlock lots
+    expect real-ulimit "$([ "$(ulimit -l)" = unlimited ] || [ "$(ulimit -l)" -ge 65536 ] && echo 0 || echo 1)" "memlock: locked-memory limit is $(ulimit -l)" -- --only memlock
+    ;;
+gpudirect)
+    expect ok-nv_mem 0 "[OK  ] gpudirect: GPU peer memory present (nv_mem 1.0-0)" -- --only gpudirect $(tree node-ok)
+    expect ok-module 0 "[OK  ] gpudirect: GPU peer memory present (nvidia_peermem loaded)" -- --only gpudirect $(tree iwarp)
+    expect warn-no-gpu 0 "[WARN] gpudirect: no NVIDIA driver loaded" -- --only gpudirect $(tree node-warn)
+    expect warn-dmabuf 0 "[WARN] gpudirect: NVIDIA driver loaded but no peer memory (nvidia_peermem); non-eRDMA devices may still use dma-buf" -- --only gpudirect $(tree acs-short)
+    expect fail-erdma 1 "[FAIL] gpudirect: NVIDIA driver loaded but no peer memory (nvidia_peermem): eRDMA cannot register GPU memory" -- --only gpudirect $(tree node-fail)
+    ;;
+acs)
+    expect ok 0 "[OK  ] acs: no ACS source validation on the bridges above 3 GPU/NIC device(s)" -- --only acs $(tree node-ok)
+    expect warn-no-pci 0 "[WARN] acs: no PCI GPU or RDMA NIC found" -- --only acs $(tree node-warn)
+    expect warn-not-root 0 "[WARN] acs: PCIe config space of 0000:00:01.0 not readable" -- --only acs $(tree acs-short)
+    expect fail 1 "[FAIL] acs: PCIe ACS source validation on (SrcValid+) on bridge(s) 0000:01:00.0 0000:00:01.0" -- --only acs $(tree node-fail)
+    ;;
+nccl)
+    expect ok-v11 0 "[OK  ] nccl: NCCL 2.28.9 ($FX/node-ok/lib/libnccl.so.2) will load ncclNetPlugin_v11" -- --only nccl --nccl-lib "$FX/node-ok/lib/libnccl.so.2"
+    expect ok-strings-v12 0 "[OK  ] nccl: NCCL 2.30.1 ($FX/node-ok/lib-strings/libnccl.so.2) will load ncclNetPlugin_v12" -- --only nccl --nccl-lib "$FX/node-ok/lib-strings/libnccl.so.2"
+    NCCL_HOME=$FX/node-ok expect ok-nccl_home 0 "NCCL 2.28.9 ($FX/node-ok/lib/libnccl.so.2) will load ncclNetPlugin_v11" -- --only nccl --ldconfig /dev/null
+    ld=$(mktemp)
+    printf '\tlibnccl.so.2 (libc6,x86-64) => %s\n' "$FX/node-fail/lib/libnccl.so.2" >"$ld"
+    expect fail-ldconfig-2.18 1 "[FAIL] nccl: NCCL 2.18.5 ($FX/node-fail/lib/libnccl.so.2) asks for plugin API v6 or older" -- --only nccl --ldconfig "$ld"
+    rm -f "$ld"
+    expect warn-not-found 0 "[WARN] nccl: libnccl.so.2 not found" -- --only nccl --ldconfig /dev/null
+    ;;
+topology)
+    expect ok 0 "[OK  ] topology: nccl-erdma-topo check: topology fits" -- --only topology --topo-tool "$FX/topo-ok"
+    expect warn 0 "[WARN] topology: nccl-erdma-topo check: WARN: NCCL_TOPO_FILE not set" -- --only topology --topo-tool "$FX/topo-warn"
+    expect fail 1 "[FAIL] topology: nccl-erdma-topo check failed (exit 1): NCCL_TOPO_FILE /x.xml lists 8 GPUs" -- --only topology --topo-tool "$FX/topo-fail"
+    expect skip-loud 0 "(SKIPPED: not checked, not counted as passing)" -- --only topology --topo-tool "$FX/absent"
+    expect skip-summary 0 "WARNING: 1 check(s) SKIPPED: not verified" -- --only topology --topo-tool "$FX/absent"
+    ;;
+json)
+    out=$("$DOCTOR" --json $(tree node-fail) --memlock unlimited --nccl-lib "$FX/node-fail/lib/libnccl.so.2" --topo-tool "$FX/topo-ok")
+    rc=$?
+    if [ $rc = 1 ] && python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["tool"] == "nccl-erdma-doctor", d
+s = d["summary"]
+assert (s["ok"], s["warn"], s["fail"], s["skip"]) == (2, 0, 9, 0), s
+names = {c["check"] for c in d["checks"]}
+assert names == {"devices", "devnodes", "gid", "mtu", "memlock", "gpudirect", "acs", "nccl", "topology"}, names
+for c in d["checks"]:
+    assert c["status"] in ("OK", "WARN", "FAIL", "SKIP"), c
+    assert c["status"] != "FAIL" or c["fix"], c
+mtu = [c for c in d["checks"] if c["check"] == "mtu" and c["subject"] == "eth1"]
+assert mtu and mtu[0]["status"] == "FAIL" and "9000" in mtu[0]["message"], mtu
+' "$out"; then
+        echo "ok   json"; pass=$((pass + 1))
+    else
+        echo "FAIL json (exit $rc): $out"; fail=$((fail + 1))
+    fi
+    expect bad-usage 2 "unknown check 'nope'" -- --only nope
+    ;;
+sync)
+    exported=$(sed -n 's/^ *ncclNetPlugin_v\([0-9]*\);/\1/p' "$SRC/src/exports.map" | sort -n | tr '\n' ' ')
+    listed=$(sed -n 's/^PLUGIN_API_VERSIONS="\(.*\)"/\1/p' "$DOCTOR" | tr ' ' '\n' | sort -n | tr '\n' ' ')
+    if [ -n "$exported" ] && [ "$exported" = "$listed" ]; then
+        echo "ok   sync: v$exported"; pass=$((pass + 1))
+    else
+        echo "FAIL sync: exports.map has '$exported', the doctor lists '$listed'"; fail=$((fail + 1))
+    fi
+    ;;
+*)
+    echo "usage: $0 devices|devnodes|gid|mtu|memlock|gpudirect|acs|nccl|topology|json|sync" >&2
+    exit 2
+    ;;
+esac
+echo "$1: $pass passed, $fail failed"
+[ $fail = 0 ] && [ $pass -gt 0 ]
