@@ -454,18 +454,20 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /*
- * Ping-pong. Each side has its next irecv posted before it sends, as NCCL
- * does, so the receive's clear-to-send is already at the peer when the
- * message leaves. The client (pinger) times round trips.
+ * Ping-pong. Like NCCL's proxy, which posts receives for several steps ahead,
+ * each side keeps two receives posted: the clear-to-send of message i+2 is
+ * posted right after message i is sent, so it never sits on the critical path.
+ * The client (pinger) times round trips.
  */
+#define LAT_DEPTH 2
 static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
     static double rtt[MAX_LAT_ITER];
     double phase[4] = {0};
     struct net *n = p->net;
     if (client) {
         printf("# latency: ping-pong, %" PRIu64 " iterations, %" PRIu64
-               " warmup; one-way = round trip / 2\n",
-               c->lat_iters, c->lat_warmup);
+               " warmup, %d receives pre-posted; one-way = round trip / 2\n",
+               c->lat_iters, c->lat_warmup, LAT_DEPTH);
         printf("%-6s %12s %10s %12s %12s %14s %12s\n", "#mode", "bytes", "iters", "t_min[us]",
                "t_max[us]", "t_typical[us]", "t_avg[us]");
         fflush(stdout);
@@ -475,41 +477,46 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
         g_deadline = now_s() + g_opt.timeout_s;
         uint64_t total = c->lat_warmup + c->lat_iters + 1;
         char why[256];
+        void *rreq[LAT_DEPTH];
         if (c->verify) recv_prepare(p->data_recv.ptr, size); /* before the CTS can leave */
-        void *rreq = post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
+        for (uint64_t d = 0; d < LAT_DEPTH && d < total; d++)
+            rreq[d] = post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
         for (uint64_t i = 0; i < total; i++) {
             bool check = c->verify && i == 0;
             unsigned ping_salt = 0x200 + (unsigned)size, pong_salt = 0x300 + (unsigned)size;
             if (check) pattern_fill(p->data_send.ptr, size, client ? ping_salt : pong_salt);
             double t0 = now_s(), ta, tb, tc;
+            void *cur = rreq[i % LAT_DEPTH];
             if (client) {
                 void *sreq = post_send(n, p->send_comm, p->data_send.ptr, size, p->data_send.mh);
                 ta = now_s();
-                wait_req(n, sreq, "ping send", size);
-                tb = now_s();
-                int got = wait_req(n, rreq, "pong recv", size);
+                int got = wait_req(n, cur, "pong recv", size);
                 double t1 = now_s();
                 if (check &&
                     pattern_check(p->data_recv.ptr, size, pong_salt, got, why, sizeof(why)))
                     die("DATA CHECK FAILED (pong) at %zu bytes: %s", size, why);
-                if (i + 1 < total)
-                    rreq = post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
+                if (i + LAT_DEPTH < total)
+                    rreq[i % LAT_DEPTH] =
+                        post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
+                tb = now_s();
+                wait_req(n, sreq, "ping send", size);
                 tc = now_s();
                 if (i > c->lat_warmup) {
                     rtt[i - c->lat_warmup - 1] = t1 - t0;
-                    phase[0] += ta - t0, phase[1] += tb - ta, phase[2] += t1 - tb,
-                        phase[3] += tc - t1;
+                    phase[0] += ta - t0, phase[1] += t1 - ta, phase[2] += tb - t1,
+                        phase[3] += tc - tb;
                 }
             } else {
-                int got = wait_req(n, rreq, "ping recv", size);
+                int got = wait_req(n, cur, "ping recv", size);
                 ta = now_s();
                 if (check &&
                     pattern_check(p->data_recv.ptr, size, ping_salt, got, why, sizeof(why)))
                     die("DATA CHECK FAILED (ping) at %zu bytes: %s", size, why);
-                if (i + 1 < total)
-                    rreq = post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
-                tb = now_s();
                 void *sreq = post_send(n, p->send_comm, p->data_send.ptr, size, p->data_send.mh);
+                tb = now_s();
+                if (i + LAT_DEPTH < total)
+                    rreq[i % LAT_DEPTH] =
+                        post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
                 tc = now_s();
                 wait_req(n, sreq, "pong send", size);
                 if (i > c->lat_warmup) {
@@ -521,10 +528,10 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
         if (g_opt.breakdown) {
             double m = (double)c->lat_iters / 1e6;
             fprintf(stderr,
-                    client ? "breakdown %7" PRIu64 " B client: isend %.1f us, send completion "
-                             "%.1f, pong arrival %.1f, next irecv %.1f\n"
-                           : "breakdown %7" PRIu64 " B server: wait for ping %.1f us, next irecv "
-                             "%.1f, isend %.1f, send completion %.1f\n",
+                    client ? "breakdown %7" PRIu64 " B client: isend %.1f us, pong arrival "
+                             "%.1f, next irecv %.1f, send completion %.1f\n"
+                           : "breakdown %7" PRIu64 " B server: wait for ping %.1f us, isend "
+                             "%.1f, next irecv %.1f, send completion %.1f\n",
                     size, phase[0] / m, phase[1] / m, phase[2] / m, phase[3] / m);
         }
         memset(phase, 0, sizeof(phase));
