@@ -15,18 +15,9 @@ ASAN_BUILD=${ERDMA_ASAN_BUILD_DIR:-$ROOT/build-asan}
 LOGDIR=$BUILD/test-logs
 
 step() { printf '\n=== %s\n' "$*"; }
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 step "install build and test dependencies"
-PKGS=(build-essential cmake pkg-config libcmocka-dev libibverbs-dev librdmacm-dev
-      rdma-core ibverbs-providers perftest valgrind iproute2 clang-format)
-missing=()
-for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-tests/vm/run-in-rdma-vm.sh --prepare
+tests/install-deps.sh
 
 build() { # dir, extra cmake args...
   local dir=$1; shift
