@@ -387,3 +387,41 @@ void cm_flush_release(struct recv_comm *rc) {
     rc->flush_listen = NULL;
     rc->flush_ch = NULL;
 }
+
+int cm_poll_disconnect(struct conn *c) {
+    struct rdma_cm_event *ev;
+    int ret, broken = 0;
+    if (!c->cm_ch) return 0;
+    while ((ret = cm_next_event(c->cm_ch, &ev)) == 1) {
+        enum rdma_cm_event_type type = ev->event;
+        vb.cm_ack_cm_event(ev);
+        if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_DEVICE_REMOVAL ||
+            type == RDMA_CM_EVENT_TIMEWAIT_EXIT || type == RDMA_CM_EVENT_CONNECT_ERROR) {
+            if (!broken)
+                WARN("%s: rdma_cm reports %s for the connection with %s", c->base.dev->name,
+                     vb.cm_event_str(type), c->peer);
+            broken = 1;
+        }
+    }
+    return broken ? -ECONNRESET : 0;
+}
+
+/* iWARP completes a send once it is handed to TCP, not when the peer has it: tearing the
+ * connection down abruptly (destroy_id alone resets it) can lose the last messages. Ask for
+ * a graceful disconnect and give the close handshake a bounded moment to finish. */
+void cm_disconnect_all(struct conn *c) {
+    int pending = 0;
+    for (int i = 0; i < c->nqps; i++) {
+        if (c->qps[i].cm_id && c->qps[i].qp && vb.cm_disconnect(c->qps[i].cm_id) == 0) pending++;
+    }
+    if (!c->cm_ch) return;
+    uint64_t deadline = now_ns() + 1000000000ull;
+    while (pending > 0 && now_ns() < deadline) {
+        struct rdma_cm_event *ev;
+        int ret = cm_next_event(c->cm_ch, &ev);
+        if (ret < 0) break;
+        if (ret == 0) continue;
+        if (ev->event == RDMA_CM_EVENT_DISCONNECTED) pending--;
+        vb.cm_ack_cm_event(ev);
+    }
+}

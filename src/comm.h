@@ -35,6 +35,7 @@ struct qp_ctx {
     /* WRs retired by each signaled completion still in flight, in posting order */
     uint16_t sig_ring[ERDMA_MAX_SQ_WR];
     int sig_head, sig_tail;
+    int unsignaled; /* WRs posted since the last signaled one */
 };
 
 enum req_type { REQ_FREE = 0, REQ_SEND, REQ_RECV, REQ_FLUSH };
@@ -59,7 +60,8 @@ struct conn {
     struct qp_ctx qps[ERDMA_MAX_QPS];
     enum completion_mode completion;
     bool split;
-    void *ctrl; /* registered control region (FIFO / records / ring) */
+    bool inline_payload; /* NCCL_IB_USE_INLINE: payloads <= max_inline go inline */
+    void *ctrl;          /* registered control region (FIFO / records / ring) */
     size_t ctrl_len;
     struct ibv_mr *ctrl_mr;
     uint64_t remote_ctrl_addr;
@@ -67,6 +69,7 @@ struct conn {
     uint32_t max_msg; /* largest single RDMA write, both ends agree */
     int error;        /* sticky -errno once the connection is broken */
     uint64_t polls_since_check;
+    uint64_t last_check_ns;
     struct rdma_event_channel *cm_ch;
 };
 
@@ -109,6 +112,9 @@ struct recv_comm {
     struct wire_record *ring;     /* [nqps][RQ_DEPTH] send-mode receive buffers */
     uint8_t *flush_buf;
     uint32_t seq;
+    /* RC keeps each QP's completions in posting order, so the sequence a completion belongs
+     * to follows from its QP: round-robin gives QP q every nqps-th slot, split gives it all */
+    uint32_t next_seq[ERDMA_MAX_QPS];
     struct recv_slot slots[ERDMA_FIFO_DEPTH];
     struct qp_ctx flush_qp;
     bool flush_ready;

@@ -80,6 +80,7 @@ int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t
 }
 
 void conn_destroy_common(struct conn *c) {
+    cm_disconnect_all(c);
     for (int i = 0; i < c->nqps; i++)
         qp_destroy(&c->qps[i]);
     if (c->ctrl_mr) vb.dereg_mr(c->ctrl_mr);
@@ -205,6 +206,7 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     sc->records = (struct wire_record *)((char *)sc->c.ctrl + SEND_CTRL_RECORDS);
     sc->c.split = param_int(P_IB_SPLIT_DATA_ON_QPS) != 0;
     sc->c.completion = dev->completion;
+    sc->c.inline_payload = param_int(P_IB_USE_INLINE) != 0;
 
     struct wire_conn_msg *m = &st->msg;
     memset(m, 0, sizeof(*m));
@@ -301,6 +303,13 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
         /* fall through */
     case CS_RECV_REPLY:
         rc = oob_recv_progress(sc->c.fd, &st->msg, sizeof(st->msg), &st->io_done);
+        if (rc == -ECONNRESET || rc == -EPIPE) {
+            WARN("%s: %s closed the connection during the handshake: it rejected us (a stale "
+                 "handle, or NCCL_ERDMA_CONNECT_MODE differs between the nodes; its log says "
+                 "why) or it exited",
+                 dev->name, sc->c.peer);
+            return -ECONNREFUSED;
+        }
         if (rc <= 0) return rc;
         rc = connect_apply_reply(st, dev);
         if (rc) return rc;
@@ -383,7 +392,7 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
         rc = -ETIMEDOUT;
     }
     if (rc < 0) {
-        if (rc != -ETIMEDOUT && rc != -EPROTO && rc != -EBADMSG)
+        if (rc != -ETIMEDOUT && rc != -EPROTO && rc != -EBADMSG && rc != -ECONNREFUSED)
             WARN("%s: connect to %s failed: %s", dev->name, st->sc->c.peer, strerror(-rc));
         send_comm_free(st->sc);
         connect_state_free(st);
@@ -452,6 +461,8 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     rc->flush_buf = (uint8_t *)rc->c.ctrl + RECV_CTRL_FLUSH;
     rc->ring = (struct wire_record *)((char *)rc->c.ctrl + RECV_CTRL_RING);
     rc->c.split = m->split;
+    for (int q = 0; q < m->nqps; q++)
+        rc->next_seq[q] = rc->c.split ? 0 : (uint32_t)q;
     rc->c.completion = (m->completion == COMPLETION_SEND || dev->completion == COMPLETION_SEND)
                            ? COMPLETION_SEND
                            : COMPLETION_IMM;
@@ -507,6 +518,19 @@ static void accept_state_free(struct accept_state *as) {
     free(as);
 }
 
+/* Before a valid hello the peer is nobody we know (a port scan, a stale or foreign peer):
+ * reject it and keep waiting for the real one instead of failing NCCL's accept. */
+static int drop_stray_peer(struct listen_comm *lc, struct accept_state *as, const char *why) {
+    WARN("%s: rejecting connection from %s: %s; still waiting for the expected peer",
+         lc->base.dev->name, as->peer, why);
+    close(as->fd);
+    as->fd = -1;
+    as->stage = AS_TCP_ACCEPT;
+    as->io_done = 0;
+    as->peer[0] = 0;
+    return 0;
+}
+
 static int accept_step(struct listen_comm *lc, struct accept_state *as) {
     struct erdma_device *dev = lc->base.dev;
     char why[160];
@@ -525,7 +549,12 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
         /* fall through */
     case AS_RECV_HELLO:
         rc = oob_recv_progress(as->fd, &as->msg, sizeof(as->msg), &as->io_done);
-        if (rc <= 0) return rc;
+        if (rc < 0) {
+            snprintf(why, sizeof(why), "it closed the connection before its hello (%s)",
+                     strerror(-rc));
+            return drop_stray_peer(lc, as, why);
+        }
+        if (rc == 0) return 0;
         rc = wire_msg_check(&as->msg, MSG_HELLO, why, sizeof(why));
         if (!rc && as->msg.nonce != lc->nonce) {
             snprintf(why, sizeof(why), "it used a stale handle (from an earlier listen)");
@@ -537,10 +566,7 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
                      dev->connect_mode == CONNECT_GID ? "GID" : "rdma_cm");
             rc = -EPROTO;
         }
-        if (rc) {
-            WARN("%s: rejecting connection from %s: %s", dev->name, as->peer, why);
-            return rc;
-        }
+        if (rc) return drop_stray_peer(lc, as, why);
         rc = recv_comm_setup(as, dev);
         if (rc) return rc;
         as->stage = AS_SEND_REPLY;
@@ -592,6 +618,8 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
     }
     struct accept_state *as = lc->pending;
     int rc = accept_step(lc, as);
+    if (rc == 0 && as->stage == AS_RECV_HELLO && now_ns() > as->deadline)
+        return drop_stray_peer(lc, as, "it sent no complete hello in time");
     if (rc == 0 && as->stage != AS_TCP_ACCEPT && now_ns() > as->deadline) {
         WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds "
              "(stage %d)",

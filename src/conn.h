@@ -35,6 +35,9 @@ int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t no
  * Local only, so it completes within milliseconds; bounded by a 5 s deadline. */
 int cm_flush_loopback(struct recv_comm *rc);
 void cm_flush_release(struct recv_comm *rc);
+/* Drains the comm's rdma_cm events: -ECONNRESET once the peer disconnected, else 0. */
+int cm_poll_disconnect(struct conn *c);
+void cm_disconnect_all(struct conn *c);
 /* Flush loopback for rdma_cm devices: connect a QP to ourselves through lc's listener. */
 
 #endif

@@ -241,9 +241,11 @@ static int choose_gid(struct erdma_device *d, int table_len) {
 static const char *const connect_modes[] = {"auto", "gid", "rdmacm", NULL};
 static const char *const completion_modes[] = {"auto", "imm", "send", NULL};
 
+/* Read once per discovery, so a bad value is WARNed once, not once per device. */
+static int cm_choice, comp_choice;
+
 static int choose_modes(struct erdma_device *d) {
-    int cm = param_choice(P_ERDMA_CONNECT_MODE, connect_modes);
-    int comp = param_choice(P_ERDMA_COMPLETION, completion_modes);
+    int cm = cm_choice, comp = comp_choice;
 
     d->connect_mode = cm == 1                           ? CONNECT_GID
                       : cm == 2                         ? CONNECT_RDMACM
@@ -385,6 +387,8 @@ int devices_discover(void) {
     int num = 0;
 
     ndevices = 0;
+    cm_choice = param_choice(P_ERDMA_CONNECT_MODE, connect_modes);
+    comp_choice = param_choice(P_ERDMA_COMPLETION, completion_modes);
     if (hca_filter_parse(param_str(P_IB_HCA), &filter, err, sizeof(err))) {
         WARN("NCCL_IB_HCA=\"%s\" is malformed: %s", param_str(P_IB_HCA), err);
         return -EINVAL;

@@ -54,6 +54,7 @@ struct erdma_device {
     int max_cqe;
     uint32_t max_msg_sz;
     struct mr_cache *mrs;
+    int fatal; /* -errno set by the async-event thread: device fatal, port down */
 };
 
 /* What getProperties reports, version-independent; plugin.c copies it out. */

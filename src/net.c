@@ -4,6 +4,7 @@
  * in p2p.c.
  */
 #include "net.h"
+#include "async.h"
 #include "comm.h"
 #include "device.h"
 #include "log.h"
@@ -43,6 +44,12 @@ int erdma_init(ncclDebugLogger_t logger) {
     }
     topo_autoselect(); /* never fails init: logs why when it leaves NCCL alone */
     mtu_guard_run();
+    rc = async_start();
+    if (rc) {
+        devices_release();
+        verbs_close();
+        goto fail;
+    }
     rc = 0;
     goto out;
 fail:
@@ -53,6 +60,7 @@ out:
 }
 
 static void release_all(void) {
+    async_stop(); /* before the devices it watches */
     devices_release();
     verbs_close();
 }

@@ -11,6 +11,7 @@
  * iWARP), a SEND of the record. RC ordering places the payload first.
  */
 #include "comm.h"
+#include "conn.h"
 #include "log.h"
 #include "mr_cache.h"
 #include "net.h"
@@ -24,9 +25,15 @@
 #include <string.h>
 
 #define POLL_BATCH     16
-#define LIVENESS_EVERY 4096 /* empty polls between two looks at the OOB socket */
+#define LIVENESS_POLLS 256          /* empty polls between two looks at the clock */
+#define LIVENESS_NS    100000000ull /* at most one health check per 100 ms */
 
 enum wr_kind { WR_RECORD = 1, WR_CTS = 2, WR_RECV = 3, WR_FLUSH = 4 };
+
+/* Immediate data: the message size (single-buffer receives), or this flag and the sequence
+ * when a completion record was written to the receiver's record area. */
+#define IMM_RECORD       0x80000000u
+#define CTS_SIGNAL_EVERY 16 /* clear-to-send writes per signaled one */
 
 static inline uint64_t wr_id(enum wr_kind kind, int qp, uint32_t idx) {
     return ((uint64_t)kind << 60) | ((uint64_t)(unsigned)qp << 32) | idx;
@@ -169,16 +176,23 @@ static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
         return 0;
     case WR_RECV: {
         struct wire_record rec;
-        uint32_t seq;
+        uint32_t seq = rc->next_seq[q];
         if (rc->c.completion == COMPLETION_IMM) {
             if (wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM) break;
-            seq = ntohl(wc->imm_data);
-            rec = rc->rec_area[seq % ERDMA_FIFO_DEPTH];
+            uint32_t imm = ntohl(wc->imm_data);
+            if (imm & IMM_RECORD) {
+                if ((imm & ~IMM_RECORD) != (seq & ~IMM_RECORD)) break;
+                rec = rc->rec_area[seq % ERDMA_FIFO_DEPTH];
+            } else {
+                rec.seq = seq;
+                rec.n = 1;
+                rec.sizes[0] = imm;
+            }
         } else {
             if (wc->byte_len != sizeof(rec)) break;
             rec = rc->ring[q * ERDMA_RQ_DEPTH + (int)wr_idx(wc->wr_id)];
-            seq = rec.seq;
         }
+        rc->next_seq[q] += rc->c.split ? 1 : (uint32_t)rc->c.nqps;
         int ret = p2p_post_recv_wr(rc, q, (int)wr_idx(wc->wr_id));
         if (ret) return conn_fail(&rc->c, ret);
         return recv_complete_one(rc, &rec, seq);
@@ -246,6 +260,8 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
         if (qp_sq_room(&c->qps[first + u]) < need) return 0;
     }
 
+    /* single buffer, size fits the immediate: no separate completion record */
+    bool fast = c->completion == COMPLETION_IMM && slot->n == 1 && slot->sends[0].size < IMM_RECORD;
     struct wire_record *rec = &sc->records[idx];
     rec->seq = slot->seq;
     rec->n = (uint16_t)slot->n;
@@ -277,6 +293,8 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
                     .opcode = IBV_WR_RDMA_WRITE,
                     .wr.rdma = {.remote_addr = cts[i].addr + off, .rkey = cts[i].rkey},
                 };
+                if (piece <= (uint32_t)q->max_inline && c->inline_payload)
+                    wrs[nwr].send_flags = IBV_SEND_INLINE;
                 if (nwr > 0) wrs[nwr - 1].next = &wrs[nwr];
                 nwr++;
                 total++;
@@ -284,29 +302,44 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
                 len -= piece;
             }
         }
-        sges[nwr] = (struct ibv_sge){
-            .addr = (uintptr_t)rec, .length = sizeof(*rec), .lkey = c->ctrl_mr->lkey};
-        struct ibv_send_wr *w = &wrs[nwr];
-        *w = (struct ibv_send_wr){
-            .wr_id = wr_id(WR_RECORD, first + u, idx),
-            .sg_list = &sges[nwr],
-            .num_sge = 1,
-            .send_flags = IBV_SEND_SIGNALED,
-        };
-        if ((int)sizeof(*rec) <= q->max_inline) w->send_flags |= IBV_SEND_INLINE;
-        if (c->completion == COMPLETION_IMM) {
+        struct ibv_send_wr *w;
+        if (fast && nwr > 0) {
+            /* the last payload write carries the completion: one WR per message */
+            w = &wrs[nwr - 1];
             w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-            w->imm_data = htonl(slot->seq);
-            w->wr.rdma.remote_addr = c->remote_ctrl_addr + idx * sizeof(*rec);
-            w->wr.rdma.rkey = c->remote_ctrl_rkey;
+            w->imm_data = htonl((uint32_t)slot->sends[0].size);
+            w->send_flags |= IBV_SEND_SIGNALED;
         } else {
-            w->opcode = IBV_WR_SEND;
+            w = &wrs[nwr];
+            sges[nwr] = (struct ibv_sge){
+                .addr = (uintptr_t)rec, .length = sizeof(*rec), .lkey = c->ctrl_mr->lkey};
+            *w = (struct ibv_send_wr){
+                .wr_id = wr_id(WR_RECORD, first + u, idx),
+                .sg_list = &sges[nwr],
+                .num_sge = 1,
+                .send_flags = IBV_SEND_SIGNALED,
+            };
+            if ((int)sizeof(*rec) <= q->max_inline) w->send_flags |= IBV_SEND_INLINE;
+            if (fast) { /* nothing of the payload on this QP: a zero-length write-with-imm */
+                w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+                w->num_sge = 0;
+                w->imm_data = htonl((uint32_t)slot->sends[0].size);
+                w->wr.rdma.remote_addr = cts[0].addr;
+                w->wr.rdma.rkey = cts[0].rkey;
+            } else if (c->completion == COMPLETION_IMM) {
+                w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+                w->imm_data = htonl(IMM_RECORD | (slot->seq & ~IMM_RECORD));
+                w->wr.rdma.remote_addr = c->remote_ctrl_addr + idx * sizeof(*rec);
+                w->wr.rdma.rkey = c->remote_ctrl_rkey;
+            } else {
+                w->opcode = IBV_WR_SEND;
+            }
+            if (nwr > 0) wrs[nwr - 1].next = w;
+            total++;
         }
-        if (nwr > 0) wrs[nwr - 1].next = w;
-        total++;
         int ret = verbs_errno(vb.post_send(q->qp, wrs, &bad));
         if (ret) goto post_failed;
-        qp_sq_push(q, total);
+        qp_sq_push(q, total, true);
         continue;
     post_failed:
         WARN("%s: posting %d work request(s) on QP %u to %s failed: %s", c->base.dev->name, total,
@@ -328,6 +361,29 @@ static int send_post_ready(struct send_comm *sc) {
 }
 
 /* ------------------------------------------------------------ progress */
+/* A dead peer closes its out-of-band socket (the kernel does it for a killed process) and,
+ * with rdma_cm, disconnects: both show up long before RC retries run out (~30 s). */
+static int conn_check_health(struct conn *c) {
+    uint64_t t = now_ns();
+    if (t - c->last_check_ns < LIVENESS_NS) return 0;
+    c->last_check_ns = t;
+    int fatal = __atomic_load_n(&c->base.dev->fatal, __ATOMIC_ACQUIRE);
+    if (fatal) {
+        WARN("%s: connection with %s fails because the device reported %s", c->base.dev->name,
+             c->peer, fatal == -ENETDOWN ? "its port down" : "a fatal error");
+        return conn_fail(c, fatal);
+    }
+    int ret = oob_peer_alive(c->fd);
+    if (ret) {
+        WARN("%s: the peer %s closed its connection (process exited or node died) while "
+             "requests were in flight",
+             c->base.dev->name, c->peer);
+        return conn_fail(c, ret == -EPROTO ? -EPROTO : -ECONNRESET);
+    }
+    ret = cm_poll_disconnect(c);
+    return ret ? conn_fail(c, ret) : 0;
+}
+
 static int conn_progress(struct conn *c) {
     struct ibv_wc wcs[POLL_BATCH];
     if (c->error) return c->error;
@@ -346,15 +402,10 @@ static int conn_progress(struct conn *c) {
                                             : recv_handle_wc((struct recv_comm *)c, wc);
         if (ret) return ret;
     }
-    if (n == 0 && ++c->polls_since_check >= LIVENESS_EVERY) {
+    if (n == 0 && ++c->polls_since_check >= LIVENESS_POLLS) {
         c->polls_since_check = 0;
-        int ret = oob_peer_alive(c->fd);
-        if (ret) {
-            WARN("%s: the peer %s closed its connection (process exited or node died) while "
-                 "requests were in flight",
-                 c->base.dev->name, c->peer);
-            return conn_fail(c, ret == -EPROTO ? -EPROTO : -ECONNRESET);
-        }
+        int ret = conn_check_health(c);
+        if (ret) return ret;
     }
     if (c->base.kind == COMM_SEND) return send_post_ready((struct send_comm *)c);
     return 0;
@@ -438,7 +489,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     struct recv_slot *slot = &rc->slots[idx];
     int q = (int)(seq % (uint32_t)rc->c.nqps);
     struct qp_ctx *qp = &rc->c.qps[q];
-    if (slot->req || qp_sq_room(qp) < 1) return conn_progress(&rc->c);
+    if (slot->req || qp_sq_room(qp) < CTS_SIGNAL_EVERY) return conn_progress(&rc->c);
     for (int i = 0; i < n; i++) {
         if (sizes[i] > 0 && !mhandles[i]) {
             WARN("%s: irecv buffer %d (%zu bytes) without a memory handle", rc->c.base.dev->name, i,
@@ -468,6 +519,8 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     slot->got = 0;
 
     uint32_t len = (uint32_t)(n * sizeof(struct wire_cts));
+    /* most clear-to-sends go unsignaled: fewer completions to reap on the critical path */
+    bool signal = qp->unsignaled + 1 >= CTS_SIGNAL_EVERY;
     struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = len, .lkey = rc->c.ctrl_mr->lkey};
     struct ibv_send_wr wr =
                            {
@@ -475,7 +528,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
                                .sg_list = &sge,
                                .num_sge = 1,
                                .opcode = IBV_WR_RDMA_WRITE,
-                               .send_flags = IBV_SEND_SIGNALED |
+                               .send_flags = (signal ? IBV_SEND_SIGNALED : 0) |
                                              ((int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
                                .wr.rdma = {.remote_addr =
                                                rc->c.remote_ctrl_addr +
@@ -491,7 +544,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
         req->type = REQ_FREE;
         return conn_fail(&rc->c, ret);
     }
-    qp_sq_push(qp, 1);
+    qp_sq_push(qp, 1, signal);
     rc->seq++;
     *request = req;
     return 0;
@@ -535,7 +588,7 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
         WARN("%s: posting the flush read failed: %s", rc->c.base.dev->name, strerror(-ret));
         return conn_fail(&rc->c, ret);
     }
-    qp_sq_push(&rc->flush_qp, 1);
+    qp_sq_push(&rc->flush_qp, 1, true);
     *request = req;
     return 0;
 }

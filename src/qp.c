@@ -121,10 +121,13 @@ void qp_destroy(struct qp_ctx *q) {
     q->cm_id = NULL;
 }
 
-void qp_sq_push(struct qp_ctx *q, int nwr) {
+void qp_sq_push(struct qp_ctx *q, int nwr, bool signaled) {
     q->sq_used += nwr;
-    q->sig_ring[q->sig_tail] = (uint16_t)nwr;
+    q->unsignaled += nwr;
+    if (!signaled) return;
+    q->sig_ring[q->sig_tail] = (uint16_t)q->unsignaled;
     q->sig_tail = (q->sig_tail + 1) % ERDMA_MAX_SQ_WR;
+    q->unsignaled = 0;
 }
 
 void qp_sq_retire(struct qp_ctx *q) {

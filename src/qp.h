@@ -30,7 +30,8 @@ void qp_destroy(struct qp_ctx *q);
 static inline int qp_sq_room(const struct qp_ctx *q) {
     return q->sq_depth - q->sq_used;
 }
-void qp_sq_push(struct qp_ctx *q, int nwr);
+/* nwr WRs were posted; the last one signaled or not. */
+void qp_sq_push(struct qp_ctx *q, int nwr, bool signaled);
 void qp_sq_retire(struct qp_ctx *q);
 
 #endif

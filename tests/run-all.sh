@@ -15,18 +15,9 @@ ASAN_BUILD=${ERDMA_ASAN_BUILD_DIR:-$ROOT/build-asan}
 LOGDIR=$BUILD/test-logs
 
 step() { printf '\n=== %s\n' "$*"; }
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 step "install build and test dependencies"
-PKGS=(build-essential cmake pkg-config libcmocka-dev libibverbs-dev librdmacm-dev
-      rdma-core ibverbs-providers perftest valgrind iproute2 clang-format)
-missing=()
-for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-tests/vm/run-in-rdma-vm.sh --prepare
+tests/install-deps.sh
 
 build() { # dir, extra cmake args...
   local dir=$1; shift
@@ -59,9 +50,12 @@ check_log "$LOGDIR/vm.log"
 if [ "${ERDMA_SKIP_ASAN:-0}" != 1 ]; then
   step "integration tests under ASan + UBSan (RDMA VM)"
   build "$ASAN_BUILD" -DERDMA_SANITIZE=ON
-  if ! tests/vm/run-in-rdma-vm.sh env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  # Leaks are not judged here: the tests dlclose() the plugin and rdma-core, so LeakSanitizer
+  # sees only unsymbolised frames of unloaded libraries. Leak checks are valgrind's job
+  # (tests/vm/valgrind-datapath.sh) and the resource-hygiene test's.
+  if ! tests/vm/run-in-rdma-vm.sh env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
       UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      ctest --test-dir "$ASAN_BUILD" -L vm --output-on-failure 2>&1 | tee "$LOGDIR/vm-asan.log"; then fail=1; fi
+      ctest --test-dir "$ASAN_BUILD" -L vm -E 'deb|doctor' --output-on-failure 2>&1 | tee "$LOGDIR/vm-asan.log"; then fail=1; fi
   check_log "$LOGDIR/vm-asan.log"
 else
   echo "WARNING: ASan pass skipped (ERDMA_SKIP_ASAN=1)"

@@ -9,9 +9,15 @@ BUILD=${1:?usage: test_deb.sh BUILD_DIR [--install]}
 PROBE=${PLUGIN_PROBE:?set by ctest}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-(cd "$tmp" && cpack -G DEB --config "$BUILD/CPackConfig.cmake" -B "$tmp/out" >"$tmp/log" 2>&1) ||
-    { cat "$tmp/log"; exit 1; }
-deb=$(ls "$tmp"/out/nccl-net-erdma_*.deb)
+# The unit run builds the package on the host into BUILD/packages; the VM run installs that
+# file (cpack inside the VM would rebuild the tree under emulation: slow and racy).
+if [ "${2:-}" != --install ]; then
+    rm -rf "$BUILD/packages"
+    (cd "$tmp" && cpack -G DEB --config "$BUILD/CPackConfig.cmake" -B "$BUILD/packages" >"$tmp/log" 2>&1) ||
+        { cat "$tmp/log"; exit 1; }
+fi
+deb=$(ls "$BUILD"/packages/nccl-net-erdma_*.deb) ||
+    { echo "FAIL: no package in $BUILD/packages (the unit test unit_deb builds it first)"; exit 1; }
 echo "built $(basename "$deb")"
 [ "$(dpkg-deb -f "$deb" Package)" = nccl-net-erdma ]
 # (grep -q on a pipe would SIGPIPE dpkg-deb under pipefail: read into variables first)

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# The main job on a machine without eRDMA: in ONE boot of the RDMA test VM,
+# measure raw verbs (perftest ib_write_bw / ib_write_lat) and the plugin
+# (erdma_bench, through dlopen and the ncclNet API) on the same soft device,
+# and print one table per device with the plugin/perftest ratio.
+#
+#   cmake -S . -B build -DERDMA_WERROR=ON && cmake --build build -j2
+#   bench/run-vm-bench.sh                 # rxe0 and siw0
+#   bench/run-vm-bench.sh rxe0            # one device
+#   bench/run-vm-bench.sh -o bench/results/today.txt rxe0
+#
+# Environment (defaults in brackets):
+#   BUILD_DIR [build]  BW_SIZES [4K 16K 64K 256K 1M 4M 16M 64M]
+#   LAT_SIZES [8 64 512 4K 64K]  BW_BYTES [64M timed bytes per size]
+#   LAT_ITERS [1000]  WINDOW [16]  API [12]  BENCH_EXTRA [extra erdma_bench flags]
+#   PERFTEST_TRIES [3]  perftest retries a failed run (emulated clocks make it exit 1)
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+OUT_FILE=
+if [ "${1:-}" != --inside ]; then
+  # ------------------------------------------------------------ host side
+  while [ $# -gt 0 ]; do
+    case $1 in
+      -h|--help) usage; exit 0 ;;
+      -o) OUT_FILE=$2; shift 2 ;;
+      --) shift; break ;;
+      -*) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
+      *) break ;;
+    esac
+  done
+  cd "$(dirname "$0")/.."
+  BUILD_DIR=${BUILD_DIR:-build}
+  for f in "$BUILD_DIR/bench/erdma_bench" "$BUILD_DIR/src/libnccl-net-erdma.so"; do
+    [ -e "$f" ] || { echo "missing $f: build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR -j2)" >&2; exit 2; }
+  done
+  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}"
+  if [ -n "$OUT_FILE" ]; then
+    mkdir -p "$(dirname "$OUT_FILE")"
+    tests/vm/run-in-rdma-vm.sh bench/run-vm-bench.sh --inside "${@:-rxe0 siw0}" | tee "$OUT_FILE"
+    exit "${PIPESTATUS[0]}"
+  fi
+  exec tests/vm/run-in-rdma-vm.sh bench/run-vm-bench.sh --inside "${@:-rxe0 siw0}"
+fi
+
+# ------------------------------------------------------------ inside the VM
+shift
+# shellcheck disable=SC2206
+DEVICES=(${*:-rxe0 siw0})
+BUILD_DIR=${BUILD_DIR:-build}
+BENCH=$BUILD_DIR/bench/erdma_bench
+PLUGIN=$BUILD_DIR/src/libnccl-net-erdma.so
+BW_SIZES=${BW_SIZES:-4K 16K 64K 256K 1M 4M 16M 64M}
+LAT_SIZES=${LAT_SIZES:-8 64 512 4K 64K}
+BW_BYTES=${BW_BYTES:-64M}
+LAT_ITERS=${LAT_ITERS:-1000}
+WINDOW=${WINDOW:-16}
+API=${API:-12}
+TRIES=${PERFTEST_TRIES:-3}
+LOG=$(mktemp -d /tmp/vm-bench.XXXXXX)
+ulimit -l unlimited 2>/dev/null || true
+
+bytes() { # 4K -> 4096
+  local v=${1%[KkMmGg]} u=${1: -1}
+  case $u in K|k) echo $((v << 10)) ;; M|m) echo $((v << 20)) ;; G|g) echo $((v << 30)) ;; *) echo "$1" ;; esac
+}
+human() { # 4096 -> 4K
+  local b=$1
+  if [ $((b % (1 << 20))) = 0 ]; then echo "$((b >> 20))M"
+  elif [ $((b % 1024)) = 0 ]; then echo "$((b >> 10))K"
+  else echo "$b"; fi
+}
+MIN_ITERS=5 # ib_write_bw refuses -n below 5
+iters_for() { # the same timed bytes as the plugin: max(MIN_ITERS, BW_BYTES / size)
+  local n=$(( $(bytes "$BW_BYTES") / $1 ))
+  [ $n -lt $MIN_ITERS ] && n=$MIN_ITERS
+  echo $n
+}
+
+dev_ip() { case $1 in rxe0) echo "${RDMA_VM_IP0:-10.77.0.1}" ;; siw0) echo "${RDMA_VM_IP1:-10.78.0.1}" ;; esac; }
+perftest_flags() { case $1 in siw*) echo "-R" ;; *) echo "-x 1" ;; esac; }
+
+PORT=18600
+# perftest TOOL DEV ARGS...: prints the client's output; retries up to $TRIES times.
+perftest() {
+  local tool=$1 dev=$2 try out rc spid
+  shift 2
+  local ip flags
+  ip=$(dev_ip "$dev"); flags=$(perftest_flags "$dev")
+  for try in $(seq 1 "$TRIES"); do
+    PORT=$((PORT + 1))
+    # shellcheck disable=SC2086
+    timeout 60 "$tool" -d "$dev" $flags -p $PORT "$@" > "$LOG/server.out" 2>&1 & spid=$!
+    sleep 1
+    # shellcheck disable=SC2086
+    out=$(timeout 60 "$tool" -d "$dev" $flags -p $PORT "$@" "$ip" 2>&1) && rc=0 || rc=$?
+    wait "$spid" 2>/dev/null || true
+    if [ $rc = 0 ]; then echo "$out"; return 0; fi
+    echo "  ($tool $* on $dev: try $try failed, exit $rc: $(echo "$out" | grep -iE 'error|fail|r\^2|couldn' | head -n1))" >&2
+    kill "$spid" 2>/dev/null || true
+    sleep 1
+  done
+  return 1
+}
+
+# Fills BWP[size], LATP[size] (perftest) and BWX[size], LATX[size] (plugin) for one device.
+measure() {
+  local dev=$1 s b n out
+  echo "== $dev: perftest ib_write_bw ($(perftest_flags "$dev"), default tx depth)" >&2
+  for s in $BW_SIZES; do
+    b=$(bytes "$s"); n=$(iters_for "$b")
+    if out=$(perftest ib_write_bw "$dev" -s "$b" -n "$n"); then
+      BWP[$b]=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 4 {print $4; exit}')
+    fi
+    echo "   $s: ${BWP[$b]:-FAILED} MB/s" >&2
+  done
+  echo "== $dev: perftest ib_write_lat" >&2
+  for s in $LAT_SIZES; do
+    b=$(bytes "$s")
+    if out=$(perftest ib_write_lat "$dev" -s "$b" -n "$LAT_ITERS"); then
+      LATP[$b]=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 6 {print $6; exit}')
+    fi
+    echo "   $s: ${LATP[$b]:-FAILED} us" >&2
+  done
+
+  local list lat_list
+  list=$(echo "$BW_SIZES" | tr ' ' ','); lat_list=$(echo "$LAT_SIZES" | tr ' ' ',')
+  local cmd=("$BENCH" -d "$dev" -p "$PLUGIN" -a "$API" -w "$WINDOW" -s "$list" -B "$BW_BYTES"
+             -i "$MIN_ITERS" -S "$lat_list" -n "$LAT_ITERS" -t 90)
+  # shellcheck disable=SC2206
+  [ -n "${BENCH_EXTRA:-}" ] && cmd+=($BENCH_EXTRA)
+  echo "== $dev: ${cmd[*]}" >&2
+  if timeout 200 "${cmd[@]}" > "$LOG/bench.$dev" 2> "$LOG/bench.$dev.err"; then
+    PLUGIN_RC[$dev]=0
+  else
+    PLUGIN_RC[$dev]=$?
+  fi
+  sed 's/^/   /' "$LOG/bench.$dev" >&2
+  [ -s "$LOG/bench.$dev.err" ] && sed 's/^/   stderr: /' "$LOG/bench.$dev.err" | head -n 20 >&2
+  # (no process substitution: the VM has no /dev/fd)
+  local mode size f4 f7
+  while read -r mode size _ f4 _ _ f7 _; do
+    case $mode in
+      bw) BWX[$size]=$f4 ;;
+      lat) LATX[$size]=$f7 ;;
+    esac
+  done < "$LOG/bench.$dev"
+}
+
+ratio() { # plugin perftest -> "0.97" or "-"
+  if [ -n "$1" ] && [ -n "$2" ]; then awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a / b; else print "-" }'
+  else echo "-"; fi
+}
+
+table() {
+  local dev=$1 s b
+  echo
+  echo "### $dev: bandwidth, MB/s (decimal, 'BW average'), window $WINDOW, $BW_BYTES per size"
+  echo
+  echo "| size | ib_write_bw | plugin (v$API) | plugin / perftest |"
+  echo "| ---: | ---: | ---: | ---: |"
+  for s in $BW_SIZES; do
+    b=$(bytes "$s")
+    echo "| $(human "$b") | ${BWP[$b]:-FAILED} | ${BWX[$b]:-FAILED} | $(ratio "${BWX[$b]:-}" "${BWP[$b]:-}") |"
+  done
+  echo
+  echo "### $dev: latency, one-way us (t_avg = round trip / 2), $LAT_ITERS iterations"
+  echo
+  echo "| size | ib_write_lat | plugin (v$API) | plugin / perftest |"
+  echo "| ---: | ---: | ---: | ---: |"
+  for s in $LAT_SIZES; do
+    b=$(bytes "$s")
+    echo "| $(human "$b") | ${LATP[$b]:-FAILED} | ${LATX[$b]:-FAILED} | $(ratio "${LATX[$b]:-}" "${LATP[$b]:-}") |"
+  done
+  if [ "${PLUGIN_RC[$dev]}" != 0 ]; then
+    echo
+    echo "plugin bench on $dev FAILED (exit ${PLUGIN_RC[$dev]}):"
+    sed 's/^/    /' "$LOG/bench.$dev.err" | tail -n 8
+  fi
+}
+
+declare -A PLUGIN_RC
+REPORT=$LOG/report
+{
+  echo "## erdma_bench vs perftest, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo
+  echo "command: \`${BENCH_CMDLINE:-$0 $*}\`"
+  echo "VM: $(uname -r), $(nproc) vCPUs, soft devices $(ls /sys/class/infiniband | tr '\n' ' ');" \
+       "plugin $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-60)"
+  echo "perftest: ib_write_bw -d DEV $(perftest_flags rxe0) (rxe) / -R (siw) -s SIZE -n ITERS;" \
+       "ib_write_lat -s SIZE -n $LAT_ITERS; same timed bytes per size as the plugin"
+} > "$REPORT"
+
+rc=0
+for dev in "${DEVICES[@]}"; do
+  [ -d "/sys/class/infiniband/$dev" ] || { echo "no device $dev in this VM" >&2; rc=1; continue; }
+  declare -A BWP=() LATP=() BWX=() LATX=()
+  measure "$dev"
+  [ "${PLUGIN_RC[$dev]}" = 0 ] || rc=1
+  table "$dev" >> "$REPORT"
+  unset BWP LATP BWX LATX
+done
+echo "(measured in ${SECONDS}s inside the VM)" >> "$REPORT"
+echo
+cat "$REPORT"
+rm -rf "$LOG"
+exit $rc

@@ -1,0 +1,132 @@
+/* Owns the async-event thread and its stop pipe; devices own their `fatal` flags. */
+#define _GNU_SOURCE
+#include "async.h"
+#include "device.h"
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static pthread_t thread;
+static bool running;
+static int stop_pipe[2] = {-1, -1};
+
+struct watch {
+    struct ibv_context *ctx;
+    int fd;
+};
+
+static void handle_event(struct ibv_context *ctx, const struct ibv_async_event *ev) {
+    const char *what = vb.event_type_str(ev->event_type);
+    for (int i = 0; i < devices_count(); i++) {
+        struct erdma_device *d = device_get(i);
+        if (d->ctx != ctx) continue;
+        switch (ev->event_type) {
+        case IBV_EVENT_DEVICE_FATAL:
+            __atomic_store_n(&d->fatal, -EIO, __ATOMIC_RELEASE);
+            WARN("%s: device fatal error (%s): every connection on it fails from now on; the "
+                 "eRDMA driver needs a reset (see dmesg)",
+                 d->name, what);
+            break;
+        case IBV_EVENT_PORT_ERR:
+            if (ev->element.port_num != d->port) break;
+            __atomic_store_n(&d->fatal, -ENETDOWN, __ATOMIC_RELEASE);
+            WARN("%s:%d: port went down (%s): check the link of %s", d->name, d->port, what,
+                 d->netdev[0] ? d->netdev : "its netdev");
+            break;
+        case IBV_EVENT_PORT_ACTIVE:
+            if (ev->element.port_num != d->port) break;
+            INFO(NCCL_NET, "%s:%d: port active again", d->name, d->port);
+            break;
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+            WARN("%s: QP %u: %s", d->name, ev->element.qp ? ev->element.qp->qp_num : 0, what);
+            break;
+        case IBV_EVENT_CQ_ERR:
+            WARN("%s: completion queue error (%s): a CQ overflowed", d->name, what);
+            break;
+        default:
+            TRACE(NCCL_NET, "%s: async event %s", d->name, what);
+            break;
+        }
+        return; /* several ports share a context: the event names its port */
+    }
+}
+
+static void *async_main(void *arg) {
+    struct watch *w = arg;
+    int n = devices_count();
+    struct pollfd pfd[ERDMA_MAX_DEVICES + 1];
+    for (;;) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (w[i].ctx) pfd[m++] = (struct pollfd){.fd = w[i].fd, .events = POLLIN};
+        pfd[m] = (struct pollfd){.fd = stop_pipe[0], .events = POLLIN};
+        int r = poll(pfd, (nfds_t)m + 1, -1);
+        if (r < 0 && errno != EINTR) break;
+        if (pfd[m].revents) break;
+        for (int i = 0, k = 0; i < n; i++) {
+            if (!w[i].ctx) continue;
+            if (pfd[k++].revents & POLLIN) {
+                struct ibv_async_event ev;
+                while (vb.get_async_event(w[i].ctx, &ev) == 0) {
+                    handle_event(w[i].ctx, &ev);
+                    vb.ack_async_event(&ev);
+                }
+            }
+        }
+    }
+    free(w);
+    return NULL;
+}
+
+int async_start(void) {
+    int n = devices_count();
+    struct watch *w = calloc((size_t)n + 1, sizeof(*w));
+    if (!w) return -ENOMEM;
+    for (int i = 0; i < n; i++) {
+        struct ibv_context *ctx = device_get(i)->ctx;
+        bool seen = false;
+        for (int j = 0; j < i; j++)
+            seen |= w[j].ctx == ctx;
+        if (seen) continue;
+        /* non-blocking, so draining never stalls the thread's poll loop */
+        int fd = ctx->async_fd;
+        if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)) continue;
+        w[i].ctx = ctx;
+        w[i].fd = fd;
+    }
+    if (pipe2(stop_pipe, O_CLOEXEC)) {
+        free(w);
+        return -errno;
+    }
+    int rc = pthread_create(&thread, NULL, async_main, w);
+    if (rc) {
+        WARN("cannot start the async-event thread: %s", strerror(rc));
+        close(stop_pipe[0]);
+        close(stop_pipe[1]);
+        stop_pipe[0] = stop_pipe[1] = -1;
+        free(w);
+        return -rc;
+    }
+    running = true;
+    return 0;
+}
+
+void async_stop(void) {
+    if (!running) return;
+    char c = 'q';
+    if (write(stop_pipe[1], &c, 1) != 1) WARN("async thread stop: %s", strerror(errno));
+    pthread_join(thread, NULL);
+    close(stop_pipe[0]);
+    close(stop_pipe[1]);
+    stop_pipe[0] = stop_pipe[1] = -1;
+    running = false;
+}
