@@ -16,7 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CM_RESOLVE_MS 5000
+#define CM_RESOLVE_MS   5000
+#define CM_PORT_RETRIES 16
 
 struct cm_private {
     uint32_t magic;
@@ -117,9 +118,18 @@ int cm_listen(struct listen_comm *lc) {
     }
     struct sockaddr_in addr = dev->ip;
     addr.sin_port = 0;
-    if (vb.cm_create_id(lc->cm_ch, &lc->cm_id, lc, RDMA_PS_TCP) ||
-        vb.cm_bind_addr(lc->cm_id, (struct sockaddr *)&addr) || vb.cm_listen(lc->cm_id, 128)) {
+    /* iWARP: rdma_cm picks the port without asking TCP, and the iWARP device then binds a
+     * kernel socket to it; a port still held by a TIME-WAIT socket fails with EADDRINUSE.
+     * Another random port is the cure. */
+    for (int attempt = 0;; attempt++) {
+        if (vb.cm_create_id(lc->cm_ch, &lc->cm_id, lc, RDMA_PS_TCP) == 0 &&
+            vb.cm_bind_addr(lc->cm_id, (struct sockaddr *)&addr) == 0 &&
+            vb.cm_listen(lc->cm_id, 128) == 0)
+            break;
         rc = errno ? -errno : -EINVAL;
+        if (lc->cm_id) vb.cm_destroy_id(lc->cm_id);
+        lc->cm_id = NULL;
+        if (rc == -EADDRINUSE && attempt < CM_PORT_RETRIES) continue;
         char a[64];
         oob_format(&addr, a, sizeof(a));
         WARN("%s: rdma_cm cannot listen on %s: %s", dev->name, a, strerror(-rc));
@@ -141,8 +151,24 @@ void cm_close_listen(struct listen_comm *lc) {
 /* ------------------------------------------------------------ sender */
 enum { CM_START = 0, CM_WAIT };
 
+/* Starts (or restarts) the rdma_cm connection of QP i: a fresh id, address resolution. */
+static int connect_start_qp(struct conn *c, int i, const struct sockaddr_in *dst) {
+    struct erdma_device *dev = c->base.dev;
+    struct sockaddr_in src = dev->ip;
+    struct rdma_cm_id *id;
+    src.sin_port = 0;
+    if (vb.cm_create_id(c->cm_ch, &id, (void *)(intptr_t)i, RDMA_PS_TCP)) return -errno;
+    c->qps[i].cm_id = id;
+    if (vb.cm_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)dst, CM_RESOLVE_MS)) {
+        int rc = -errno;
+        WARN("%s: rdma_resolve_addr to %s failed: %s", dev->name, c->peer, strerror(-rc));
+        return rc;
+    }
+    return 0;
+}
+
 static int connect_handle_event(struct send_comm *sc, struct rdma_cm_event *ev, uint64_t nonce,
-                                int *established) {
+                                const struct sockaddr_in *dst, int *established) {
     struct conn *c = &sc->c;
     struct erdma_device *dev = c->base.dev;
     int i = (int)(intptr_t)ev->id->context;
@@ -170,6 +196,14 @@ static int connect_handle_event(struct send_comm *sc, struct rdma_cm_event *ev, 
         conn_param(&param, &priv);
         if (vb.cm_connect(ev->id, &param)) {
             rc = -errno;
+            /* the source port rdma_cm chose is held by a TIME-WAIT socket: new id, new port */
+            if (rc == -EADDRINUSE && ++sc->cm_retries <= CM_PORT_RETRIES) {
+                ev->id->context = (void *)(intptr_t)-1; /* retired: acked, then destroyed */
+                sc->cm_retired[i] = ev->id;
+                c->qps[i].qp = NULL;
+                c->qps[i].cm_id = NULL;
+                return connect_start_qp(c, i, dst);
+            }
             WARN("%s: rdma_connect to %s failed: %s", dev->name, c->peer, strerror(-rc));
         }
         break;
@@ -186,23 +220,13 @@ static int connect_handle_event(struct send_comm *sc, struct rdma_cm_event *ev, 
 int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uint64_t nonce,
                         int *stage, const struct qp_params *qpp) {
     struct conn *c = &sc->c;
-    struct erdma_device *dev = c->base.dev;
     int rc;
     if (*stage == CM_START) {
         rc = cm_channel_open(&c->cm_ch);
         if (rc) return rc;
-        struct sockaddr_in src = dev->ip;
-        src.sin_port = 0;
         for (int i = 0; i < c->nqps; i++) {
-            struct rdma_cm_id *id;
-            if (vb.cm_create_id(c->cm_ch, &id, (void *)(intptr_t)i, RDMA_PS_TCP)) return -errno;
-            c->qps[i].cm_id = id;
-            if (vb.cm_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)dst,
-                                   CM_RESOLVE_MS)) {
-                rc = -errno;
-                WARN("%s: rdma_resolve_addr to %s failed: %s", dev->name, c->peer, strerror(-rc));
-                return rc;
-            }
+            rc = connect_start_qp(c, i, dst);
+            if (rc) return rc;
         }
         *stage = CM_WAIT;
     }
@@ -212,9 +236,14 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
     struct rdma_cm_event *ev;
     while ((rc = cm_next_event(c->cm_ch, &ev)) == 1) {
         int before = established;
-        rc = connect_handle_event(sc, ev, nonce, &established);
         int i = (int)(intptr_t)ev->id->context;
+        rc = connect_handle_event(sc, ev, nonce, dst, &established);
         vb.cm_ack_cm_event(ev);
+        if (i >= 0 && i < c->nqps && sc->cm_retired[i]) { /* an id given up after EADDRINUSE */
+            vb.cm_destroy_qp(sc->cm_retired[i]);
+            vb.cm_destroy_id(sc->cm_retired[i]);
+            sc->cm_retired[i] = NULL;
+        }
         if (rc) return rc;
         /* mark established QPs until the sender starts using them */
         if (established > before) c->qps[i].sq_used = -1;

@@ -95,6 +95,8 @@ struct send_comm {
     uint32_t post_seq;           /* next slot to post */
     struct send_slot slots[ERDMA_FIFO_DEPTH];
     struct erdma_request reqs[ERDMA_SEND_REQS];
+    int cm_retries;                               /* rdma_cm connects retried (EADDRINUSE) */
+    struct rdma_cm_id *cm_retired[ERDMA_MAX_QPS]; /* ids to destroy once their event is acked */
 };
 
 struct recv_slot {
@@ -115,6 +117,7 @@ struct recv_comm {
     /* RC keeps each QP's completions in posting order, so the sequence a completion belongs
      * to follows from its QP: round-robin gives QP q every nqps-th slot, split gives it all */
     uint32_t next_seq[ERDMA_MAX_QPS];
+    int warmed; /* warm-up SENDs seen (rdma_cm mode) */
     struct recv_slot slots[ERDMA_FIFO_DEPTH];
     struct qp_ctx flush_qp;
     bool flush_ready;
@@ -140,6 +143,11 @@ struct recv_comm {
 /* p2p.c, called by conn.c once a connection is up */
 int p2p_recv_post_initial(struct recv_comm *rc);
 int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot);
+/* rdma_cm mode: iWARP lets the passive side send only after the active side has (MPA's
+ * ready-to-receive); the sender opens every QP with a zero-length SEND, and the receiver
+ * posts no clear-to-send before it has seen them all. */
+int p2p_send_warmup(struct send_comm *sc);
+int p2p_recv_warmup_done(struct recv_comm *rc); /* 1 done, 0 not yet, -errno */
 void conn_destroy_common(struct conn *c);
 
 #endif

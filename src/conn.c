@@ -324,6 +324,8 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
         dst.sin_port = st->peer.cm_port;
         rc = cm_connect_progress(sc, &dst, st->peer.nonce, &st->cm_stage, &qpp);
         if (rc <= 0) return rc;
+        rc = p2p_send_warmup(sc);
+        if (rc) return rc;
         st->stage = CS_SEND_READY;
         st->io_done = 0;
     }
@@ -408,7 +410,7 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
 }
 
 /* ------------------------------------------------------------ accept */
-enum accept_stage { AS_TCP_ACCEPT, AS_RECV_HELLO, AS_SEND_REPLY, AS_CM, AS_RECV_READY };
+enum accept_stage { AS_TCP_ACCEPT, AS_RECV_HELLO, AS_SEND_REPLY, AS_CM, AS_RECV_READY, AS_WARMUP };
 
 struct accept_state {
     struct recv_comm *rc;
@@ -599,7 +601,11 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
             WARN("%s: bad ready message from %s: %s", dev->name, as->peer, why);
             return rc;
         }
-        return 1;
+        if (dev->connect_mode != CONNECT_RDMACM) return 1;
+        as->stage = AS_WARMUP;
+        /* fall through */
+    case AS_WARMUP:
+        return p2p_recv_warmup_done(as->rc);
     }
     return -ENOTRECOVERABLE;
 }
@@ -618,9 +624,10 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
     }
     struct accept_state *as = lc->pending;
     int rc = accept_step(lc, as);
-    if (rc == 0 && as->stage == AS_RECV_HELLO && now_ns() > as->deadline)
+    bool late = as->stage != AS_TCP_ACCEPT && now_ns() > as->deadline;
+    if (rc == 0 && late && as->stage == AS_RECV_HELLO)
         return drop_stray_peer(lc, as, "it sent no complete hello in time");
-    if (rc == 0 && as->stage != AS_TCP_ACCEPT && now_ns() > as->deadline) {
+    if (rc == 0 && late) {
         WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds "
              "(stage %d)",
              lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT), as->stage);

@@ -28,7 +28,7 @@
 #define LIVENESS_POLLS 256          /* empty polls between two looks at the clock */
 #define LIVENESS_NS    100000000ull /* at most one health check per 100 ms */
 
-enum wr_kind { WR_RECORD = 1, WR_CTS = 2, WR_RECV = 3, WR_FLUSH = 4 };
+enum wr_kind { WR_RECORD = 1, WR_CTS = 2, WR_RECV = 3, WR_FLUSH = 4, WR_WARMUP = 5 };
 
 /* Immediate data: the message size (single-buffer receives), or this flag and the sequence
  * when a completion record was written to the receiver's record area. */
@@ -58,6 +58,8 @@ static const char *wr_kind_name(enum wr_kind k) {
         return "receive";
     case WR_FLUSH:
         return "flush read";
+    case WR_WARMUP:
+        return "warm-up send";
     }
     return "unknown";
 }
@@ -71,7 +73,8 @@ static const char *wc_hint(enum ibv_wc_status s) {
     case IBV_WC_RNR_RETRY_EXC_ERR:
         return "the peer had no receive posted: it closed the connection or fell behind";
     case IBV_WC_REM_ACCESS_ERR:
-        return "the peer refused our RDMA access: a buffer was not registered, or was "
+        return "the peer refused our RDMA access: its process exited or closed the connection "
+               "(check the peer's log first), or a buffer was not registered, or was "
                "deregistered while in use";
     case IBV_WC_LOC_PROT_ERR:
     case IBV_WC_LOC_ACCESS_ERR:
@@ -177,6 +180,11 @@ static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
     case WR_RECV: {
         struct wire_record rec;
         uint32_t seq = rc->next_seq[q];
+        if (wc->opcode == IBV_WC_RECV && wc->byte_len == 0) { /* the sender's warm-up */
+            rc->warmed++;
+            int ret = p2p_post_recv_wr(rc, q, (int)wr_idx(wc->wr_id));
+            return ret ? conn_fail(&rc->c, ret) : 0;
+        }
         if (rc->c.completion == COMPLETION_IMM) {
             if (wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM) break;
             uint32_t imm = ntohl(wc->imm_data);
@@ -215,6 +223,10 @@ static void send_handle_record_done(struct send_comm *sc, int q, uint32_t slot_i
 }
 
 static int send_handle_wc(struct send_comm *sc, const struct ibv_wc *wc) {
+    if (wr_kind_of(wc->wr_id) == WR_WARMUP) {
+        qp_sq_retire(&sc->c.qps[wr_qp(wc->wr_id)]);
+        return 0;
+    }
     if (wr_kind_of(wc->wr_id) == WR_RECORD) {
         send_handle_record_done(sc, wr_qp(wc->wr_id), wr_idx(wc->wr_id));
         return 0;
@@ -409,6 +421,29 @@ static int conn_progress(struct conn *c) {
     }
     if (c->base.kind == COMM_SEND) return send_post_ready((struct send_comm *)c);
     return 0;
+}
+
+int p2p_send_warmup(struct send_comm *sc) {
+    for (int q = 0; q < sc->c.nqps; q++) {
+        struct ibv_send_wr wr = {.wr_id = wr_id(WR_WARMUP, q, 0),
+                                 .opcode = IBV_WR_SEND,
+                                 .send_flags = IBV_SEND_SIGNALED},
+                           *bad;
+        int ret = verbs_errno(vb.post_send(sc->c.qps[q].qp, &wr, &bad));
+        if (ret) {
+            WARN("%s: posting the warm-up send on QP %u to %s failed: %s", sc->c.base.dev->name,
+                 sc->c.qps[q].qp->qp_num, sc->c.peer, strerror(-ret));
+            return ret;
+        }
+        qp_sq_push(&sc->c.qps[q], 1, true);
+    }
+    return 0;
+}
+
+int p2p_recv_warmup_done(struct recv_comm *rc) {
+    int ret = conn_progress(&rc->c);
+    if (ret) return ret;
+    return rc->warmed >= rc->c.nqps;
 }
 
 /* ------------------------------------------------------------ API */

@@ -107,6 +107,10 @@ int qp_connect_gid(struct erdma_device *dev, struct qp_ctx *q, uint32_t remote_q
         WARN("%s: QP %u to RTS failed: %s", dev->name, q->qp->qp_num, strerror(-rc));
         return rc;
     }
+    TRACE(NCCL_NET,
+          "%s: QP %u -> %s (QP %u): mtu %d, tc %d, sl %d, timeout %d (%.3f s per try), retry %d",
+          dev->name, q->qp->qp_num, peer, remote_qpn, 128 << mtu, p->tc, p->sl, p->timeout,
+          4.096e-6 * (double)(1ull << p->timeout), p->retry_cnt);
     return 0;
 }
 

@@ -41,7 +41,10 @@ static int load_ibverbs(void) {
     const char *lib = param_str(P_ERDMA_IBVERBS_LIB);
     const char *missing = NULL;
 
-    ibverbs_handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    /* NODELETE: rdma-core keeps per-process device state (librdmacm opens every device
+     * once and never closes it); unloading it on NCCL's plugin dlclose() would leak those
+     * contexts and fds on every reload. Loaded once, reused by the next init. */
+    ibverbs_handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!ibverbs_handle) {
         WARN("cannot load %s (%s): the image lacks the RDMA user-space libraries; install "
              "libibverbs1 and ibverbs-providers (Debian/Ubuntu) or libibverbs and rdma-core "
@@ -87,7 +90,7 @@ static void load_rdmacm(void) {
     const char *lib = param_str(P_ERDMA_RDMACM_LIB);
     const char *missing = NULL;
 
-    rdmacm_handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    rdmacm_handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!rdmacm_handle) {
         WARN("cannot load %s (%s): iWARP devices (eRDMA standard mode) need it; install "
              "librdmacm1 (Debian/Ubuntu) or librdmacm (RHEL/Alinux)",

