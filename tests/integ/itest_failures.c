@@ -876,7 +876,10 @@ static int usage_compare(const char *role, const struct cfg *c, int cycles, cons
         figure("rdma resources after:  %s", y);
     }
     CHECK(a->fds == b->fds);
-    CHECK(b->rss_kib - a->rss_kib <= RSS_SLACK_KIB);
+    if (getenv("ITEST_NO_RSS")) /* ASan's allocator keeps freed memory in quarantine */
+        fprintf(stderr, "NOTE: VmRSS growth not judged in this build (ITEST_NO_RSS)\n");
+    else
+        CHECK(b->rss_kib - a->rss_kib <= RSS_SLACK_KIB);
     CHECK(!strcmp(a->rdma, b->rdma));
     return 0;
 }
