@@ -80,6 +80,10 @@ int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t
 }
 
 void conn_destroy_common(struct conn *c) {
+    /* iWARP completes a send when it reaches TCP, so a peer that tears its QPs down right
+     * after its last completion can flush a message the other side has not finished with:
+     * in rdma_cm mode both ends say goodbye first (bounded, so teardown never hangs). */
+    if (c->cm_ch && c->fd >= 0 && !c->error) oob_goodbye(c->fd, 300);
     cm_disconnect_all(c);
     for (int i = 0; i < c->nqps; i++)
         qp_destroy(&c->qps[i]);

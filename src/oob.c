@@ -153,6 +153,13 @@ int oob_recv_progress(int fd, void *buf, size_t len, size_t *done) {
     return 1;
 }
 
+void oob_goodbye(int fd, int wait_ms) {
+    char bye = OOB_BYE, c;
+    if (send(fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) return;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, wait_ms) > 0 && (p.revents & POLLIN)) (void)!recv(fd, &c, 1, MSG_DONTWAIT);
+}
+
 int oob_peer_alive(int fd) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     int n = poll(&p, 1, 0);
@@ -163,8 +170,8 @@ int oob_peer_alive(int fd) {
         ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
         if (r == 0) return -ECONNRESET;
         if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -errno;
-        /* A byte after the handshake is a protocol error; treat it as a broken peer. */
-        if (r > 0) return -EPROTO;
+        /* after the handshake the only byte a peer sends is its goodbye */
+        if (r > 0) return c == OOB_BYE ? -ECONNRESET : -EPROTO;
     }
     return 0;
 }

@@ -843,17 +843,10 @@ static void usage_take(struct usage *u, int with_rdma) {
         u->rdma[0] = 0;
 }
 
-/* 1000 cycles by default. On siw0 (soft-iWARP) the default suite runs 100: under heavy
- * connection churn siw occasionally loses a new connection (local QP operation error on its
- * first SEND; see docs/failures.md). ITEST_CYCLES=1000 reproduces it. */
+/* 1000 cycles by default; ITEST_CYCLES overrides. */
 static int cycles_wanted(const struct cfg *c) {
     const char *s = getenv("ITEST_CYCLES");
     if (s) return atoi(s);
-    if (!strncmp(c->dev, "siw", 3)) {
-        fprintf(stderr, "NOTE: %s runs 100 connect/close cycles (ITEST_CYCLES=1000 for all)\n",
-                c->dev);
-        return 100;
-    }
     return 1000;
 }
 
