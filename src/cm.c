@@ -19,13 +19,6 @@
 #define CM_RESOLVE_MS   5000
 #define CM_PORT_RETRIES 16
 
-struct cm_private {
-    uint32_t magic;
-    uint16_t qp_index;
-    uint16_t nqps;
-    uint64_t nonce;
-};
-
 static int cm_channel_open(struct rdma_event_channel **out) {
     struct rdma_event_channel *ch = vb.cm_create_event_channel();
     if (!ch) return errno ? -errno : -ENOMEM;
@@ -96,7 +89,7 @@ static int cm_create_qp(struct rdma_cm_id *id, struct conn *c, bool sender, stru
     return -err;
 }
 
-static void conn_param(struct rdma_conn_param *p, const struct cm_private *priv) {
+static void conn_param(struct rdma_conn_param *p, const struct wire_cm_private *priv) {
     memset(p, 0, sizeof(*p));
     p->private_data = priv;
     p->private_data_len = priv ? sizeof(*priv) : 0;
@@ -173,7 +166,7 @@ static int connect_handle_event(struct send_comm *sc, struct rdma_cm_event *ev, 
     struct erdma_device *dev = c->base.dev;
     int i = (int)(intptr_t)ev->id->context;
     struct rdma_conn_param param;
-    struct cm_private priv = {
+    struct wire_cm_private priv = {
         .magic = WIRE_MAGIC, .qp_index = (uint16_t)i, .nqps = (uint16_t)c->nqps, .nonce = nonce};
     int rc = 0;
     switch (ev->event) {
@@ -259,19 +252,20 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
 static int accept_request(struct listen_comm *lc, struct recv_comm *rc, struct rdma_cm_event *ev,
                           uint64_t nonce) {
     struct erdma_device *dev = lc->base.dev;
-    const struct cm_private *priv = ev->param.conn.private_data;
-    char peer[64];
+    char peer[64], why[160];
+    int i = -1;
     oob_format((struct sockaddr_in *)&ev->id->route.addr.dst_addr, peer, sizeof(peer));
-    if (!priv || ev->param.conn.private_data_len < sizeof(*priv) || priv->magic != WIRE_MAGIC ||
-        priv->nonce != nonce || priv->nqps != rc->c.nqps || priv->qp_index >= rc->c.nqps ||
-        rc->c.qps[priv->qp_index].cm_id) {
-        WARN("%s: rejecting an rdma_cm connection from %s that belongs to no pending accept "
-             "(stale or foreign peer)",
-             dev->name, peer);
+    int bad = wire_cm_private_check(ev->param.conn.private_data, ev->param.conn.private_data_len,
+                                    nonce, rc->c.nqps, &i, why, sizeof(why));
+    if (!bad && rc->c.qps[i].cm_id) {
+        snprintf(why, sizeof(why), "its QP %d is already connected", i);
+        bad = -EPROTO;
+    }
+    if (bad) {
+        WARN("%s: rejecting an rdma_cm connection from %s: %s", dev->name, peer, why);
         vb.cm_reject(ev->id, NULL, 0);
         return 0;
     }
-    int i = priv->qp_index;
     struct qp_ctx *q = &rc->c.qps[i];
     if (ev->id->verbs != dev->ctx) {
         WARN("%s: rdma_cm delivered %s's connection on another device", dev->name, peer);

@@ -125,3 +125,27 @@ int wire_record_check(const struct wire_record *r, uint32_t seq, int nposted,
     }
     return 0;
 }
+
+int wire_cm_private_check(const void *data, size_t len, uint64_t nonce, int nqps, int *qp_index,
+                          char *why, int whylen) {
+    struct wire_cm_private p;
+    if (!data || len < sizeof(p)) {
+        snprintf(why, whylen, "%zu bytes of private data, %zu expected", data ? len : 0, sizeof(p));
+        return -EPROTO;
+    }
+    memcpy(&p, data, sizeof(p));
+    if (p.magic != WIRE_MAGIC) {
+        snprintf(why, whylen, "private data magic 0x%08x (not an eRDMA plugin peer)", p.magic);
+        return -EPROTO;
+    }
+    if (p.nonce != nonce) {
+        snprintf(why, whylen, "it belongs to another listen (stale or foreign peer)");
+        return -EPROTO;
+    }
+    if (p.nqps != nqps || p.qp_index >= p.nqps) {
+        snprintf(why, whylen, "QP %u of %u, the handshake agreed on %d", p.qp_index, p.nqps, nqps);
+        return -EPROTO;
+    }
+    *qp_index = p.qp_index;
+    return 0;
+}

@@ -79,6 +79,14 @@ struct wire_record {
 };
 _Static_assert(sizeof(struct wire_record) <= ERDMA_MAX_INLINE, "record must fit inline");
 
+/* rdma_cm private data of a connect request: which pending accept and which of its QPs. */
+struct wire_cm_private {
+    uint32_t magic;
+    uint16_t qp_index;
+    uint16_t nqps;
+    uint64_t nonce;
+};
+
 uint32_t wire_checksum(const void *data, size_t len);
 void wire_handle_seal(struct wire_handle *h);
 /* 0, or -EBADMSG with a reason in why (a garbage or foreign handle). */
@@ -86,6 +94,10 @@ int wire_handle_check(const struct wire_handle *h, char *why, int whylen);
 void wire_msg_seal(struct wire_conn_msg *m, enum wire_msg_type type);
 /* Validates a message read from the peer: magic, version, type, length, checksum, counts. */
 int wire_msg_check(const struct wire_conn_msg *m, enum wire_msg_type type, char *why, int whylen);
+/* Validates rdma_cm private data (len bytes, possibly NULL) against the pending accept:
+ * 0 and the QP index in *qp_index, or -EPROTO with a reason. */
+int wire_cm_private_check(const void *data, size_t len, uint64_t nonce, int nqps, int *qp_index,
+                          char *why, int whylen);
 /* Validates a completion record against what was posted. */
 int wire_record_check(const struct wire_record *r, uint32_t seq, int nposted,
                       const uint64_t *posted_sizes, char *why, int whylen);

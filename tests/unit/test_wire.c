@@ -343,6 +343,25 @@ static void test_fuzz_records(void **state) {
     }
 }
 
+static void test_cm_private(void **state) {
+    int qp = -1;
+    struct wire_cm_private p = {.magic = WIRE_MAGIC, .qp_index = 2, .nqps = 4, .nonce = 77};
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 4, &qp, why, sizeof(why)), 0);
+    assert_int_equal(qp, 2);
+    assert_int_equal(wire_cm_private_check(NULL, 0, 77, 4, &qp, why, sizeof(why)), -EPROTO);
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p) - 1, 77, 4, &qp, why, sizeof(why)),
+                     -EPROTO);
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 78, 4, &qp, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "another listen"));
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 3, &qp, why, sizeof(why)), -EPROTO);
+    p.qp_index = 4;
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 4, &qp, why, sizeof(why)), -EPROTO);
+    p.qp_index = 0;
+    p.magic = 0x12345678;
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 4, &qp, why, sizeof(why)), -EPROTO);
+    assert_non_null(strstr(why, "magic"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checksum),
@@ -358,6 +377,7 @@ int main(void) {
         cmocka_unit_test(test_fuzz_handles),
         cmocka_unit_test(test_fuzz_msgs),
         cmocka_unit_test(test_fuzz_records),
+        cmocka_unit_test(test_cm_private),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,101 @@
+/*
+ * Integration: asynchronous device events. The netdev under rxe0 is taken down while a
+ * connection waits for data; the async-event thread must turn the PORT_ERR into an error
+ * on the next call (not a hang), and after the port is back a fresh finalize/dlclose and
+ * init must work. Runs last in the VM (it takes eth0 down and up again).
+ */
+#include "netapi.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Waits until rxe0's IPv4-mapped GID is back after the link comes up. */
+static int wait_gid_back(void) {
+    for (int i = 0; i < 100; i++) {
+        char buf[64] = "";
+        FILE *f = fopen("/sys/class/infiniband/rxe0/ports/1/gids/1", "r");
+        if (f) {
+            if (!fgets(buf, sizeof(buf), f)) buf[0] = 0;
+            fclose(f);
+        }
+        if (strstr(buf, "ffff:0a4d:0001")) return 0;
+        usleep(100000);
+    }
+    return -1;
+}
+
+static int receiver(struct duo *d, void *arg) {
+    struct netapi n;
+    void *lc, *rc, *mh, *req;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, 12, "rxe0") == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    CHECK(net_accept(&n, lc, &rc, 60) == 0);
+    static char buf[4096];
+    CHECK(net_regmr(&n, rc, buf, sizeof(buf), &mh) == 0);
+    void *data = buf;
+    size_t sz = sizeof(buf);
+    int tag = 0, done = 0, r = 0;
+    CHECK(net_irecv(&n, rc, 1, &data, &sz, &tag, &mh, &req, 60) == 0);
+    log_reset();
+    CHECK(system("ip link set eth0 down") == 0);
+    double t0 = now_s();
+    while (!done && now_s() - t0 < 10) {
+        r = net_test(&n, req, &done, NULL);
+        if (r) break;
+    }
+    double t = now_s() - t0;
+    fprintf(stderr, "FIGURE: port down on rxe0 seen by test() after %.2f s (rc %d)\n", t, r);
+    int ok_link = system("ip link set eth0 up") == 0 && wait_gid_back() == 0;
+    CHECK(ok_link);
+    CHECK(r == ncclRemoteError);
+    CHECK(t < 2.0);
+    CHECK(log_contains("port went down"));
+    CHECK(log_contains("eth0"));
+    net_close_recv(&n, rc);
+    net_close_listen(&n, lc);
+    net_close(&n); /* finalize (joins the async thread) and dlclose */
+    CHECK(duo_barrier(d) == 0);
+    /* a second init after the event and the unload works, and sees the port ACTIVE again */
+    CHECK(net_open(&n, 12, "rxe0") == 0);
+    net_close(&n);
+    return 0;
+}
+
+static int sender(struct duo *d, void *arg) {
+    struct netapi n;
+    void *sc;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, 12, "rxe0") == 0);
+    CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+    CHECK(net_connect(&n, handle, &sc, 60) == 0);
+    CHECK(duo_barrier(d) == 0); /* hold the connection until the receiver is done */
+    net_close_send(&n, sc);
+    net_close(&n);
+    return 0;
+}
+
+static void test_port_down(void **state) {
+    assert_true(in_rdma_vm());
+    assert_int_equal(duo_run(receiver, sender, NULL, 120), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_port_down)};
+    return cmocka_run_group_tests_name("integration: async events", tests, NULL, NULL);
+}
