@@ -59,34 +59,28 @@ static int cm_fail(const struct erdma_device *dev, const char *peer, struct rdma
     }
 }
 
-static void cm_qp_attr(struct ibv_qp_init_attr *a, struct conn *c, bool sender) {
-    const struct erdma_device *dev = c->base.dev;
-    qp_init_attr(a, c->cq, conn_sq_depth(dev, sender), sender ? 1 : ERDMA_RQ_DEPTH,
-                 ERDMA_MAX_INLINE);
+struct cm_qp_maker {
+    struct rdma_cm_id *id;
+    struct ibv_pd *pd;
+};
+
+static struct ibv_qp *make_cm_qp(void *arg, struct ibv_qp_init_attr *a) {
+    struct cm_qp_maker *m = arg;
+    return vb.cm_create_qp(m->id, m->pd, a) == 0 ? m->id->qp : NULL;
 }
 
-/* rdma_create_qp with eRDMA's inline limit, stepping down for devices that allow less. */
+/* A QP on an rdma_cm id, with the same caps as GID mode's (qp_create_stepped). */
 static int cm_create_qp(struct rdma_cm_id *id, struct conn *c, bool sender, struct qp_ctx *q) {
-    struct ibv_qp_init_attr a;
-    static const int inline_try[] = {ERDMA_MAX_INLINE, 64, 0};
-    for (size_t i = 0; i < sizeof(inline_try) / sizeof(inline_try[0]); i++) {
-        cm_qp_attr(&a, c, sender);
-        a.cap.max_inline_data = (uint32_t)inline_try[i];
-        if (vb.cm_create_qp(id, c->base.dev->pd, &a) == 0) {
-            q->qp = id->qp;
-            q->cm_id = id;
-            q->sq_depth = (int)a.cap.max_send_wr < conn_sq_depth(c->base.dev, sender)
-                              ? (int)a.cap.max_send_wr
-                              : conn_sq_depth(c->base.dev, sender);
-            q->max_inline = (int)a.cap.max_inline_data > ERDMA_MAX_INLINE
-                                ? ERDMA_MAX_INLINE
-                                : (int)a.cap.max_inline_data;
-            return 0;
-        }
+    struct erdma_device *dev = c->base.dev;
+    struct cm_qp_maker m = {.id = id, .pd = dev->pd};
+    int err = qp_create_stepped(q, c->cq, conn_sq_depth(dev, sender), sender ? 1 : ERDMA_RQ_DEPTH,
+                                make_cm_qp, &m);
+    if (err) {
+        WARN("%s: rdma_create_qp failed: %s", dev->name, strerror(-err));
+        return err;
     }
-    int err = errno ? errno : ENOMEM;
-    WARN("%s: rdma_create_qp failed: %s", c->base.dev->name, strerror(err));
-    return -err;
+    q->cm_id = id;
+    return 0;
 }
 
 static void conn_param(struct rdma_conn_param *p, const struct wire_cm_private *priv) {
@@ -211,7 +205,7 @@ static int connect_handle_event(struct send_comm *sc, struct rdma_cm_event *ev, 
 }
 
 int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uint64_t nonce,
-                        int *stage, const struct qp_params *qpp) {
+                        int *stage) {
     struct conn *c = &sc->c;
     int rc;
     if (*stage == CM_START) {
@@ -225,7 +219,7 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
     }
     int established = 0;
     for (int i = 0; i < c->nqps; i++)
-        established += c->qps[i].qp && c->qps[i].sq_used < 0;
+        established += c->qps[i].qp && c->qps[i].up;
     struct rdma_cm_event *ev;
     while ((rc = cm_next_event(c->cm_ch, &ev)) == 1) {
         int before = established;
@@ -238,14 +232,10 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
             sc->cm_retired[i] = NULL;
         }
         if (rc) return rc;
-        /* mark established QPs until the sender starts using them */
-        if (established > before) c->qps[i].sq_used = -1;
+        if (established > before) c->qps[i].up = true;
     }
     if (rc < 0) return rc;
-    if (established < c->nqps) return 0;
-    for (int i = 0; i < c->nqps; i++)
-        c->qps[i].sq_used = 0;
-    return 1;
+    return established == c->nqps;
 }
 
 /* ------------------------------------------------------------ receiver */
@@ -303,7 +293,7 @@ int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t no
             break;
         case RDMA_CM_EVENT_ESTABLISHED: {
             int i = (int)(intptr_t)ev->id->context;
-            if (i >= 0 && i < rc->c.nqps && rc->c.qps[i].cm_id == ev->id) rc->c.qps[i].sq_used = -1;
+            if (i >= 0 && i < rc->c.nqps && rc->c.qps[i].cm_id == ev->id) rc->c.qps[i].up = true;
             ret = 0;
             break;
         }
@@ -316,12 +306,11 @@ int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t no
     }
     if (ret < 0) return ret;
     for (int i = 0; i < rc->c.nqps; i++)
-        if (rc->c.qps[i].sq_used != -1) return 0;
+        if (!rc->c.qps[i].up) return 0;
     /* every QP is up: later events (disconnects) belong to this comm, not the listener */
     ret = cm_channel_open(&rc->c.cm_ch);
     if (ret) return ret;
     for (int i = 0; i < rc->c.nqps; i++) {
-        rc->c.qps[i].sq_used = 0;
         if (vb.cm_migrate_id(rc->c.qps[i].cm_id, rc->c.cm_ch)) return -errno;
     }
     return 1;

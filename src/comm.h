@@ -31,6 +31,7 @@ struct qp_ctx {
     struct rdma_cm_id *cm_id; /* rdma_cm mode only */
     int sq_depth;
     int sq_used;
+    bool up; /* rdma_cm mode: ESTABLISHED seen */
     int max_inline;
     /* WRs retired by each signaled completion still in flight, in posting order */
     uint16_t sig_ring[ERDMA_MAX_SQ_WR];

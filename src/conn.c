@@ -322,11 +322,9 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
         if (st->stage == CS_SEND_READY) goto send_ready;
         /* fall through */
     case CS_CM: {
-        struct qp_params qpp;
-        qp_params_from_env(&qpp, st->tc);
         struct sockaddr_in dst = st->peer.addr;
         dst.sin_port = st->peer.cm_port;
-        rc = cm_connect_progress(sc, &dst, st->peer.nonce, &st->cm_stage, &qpp);
+        rc = cm_connect_progress(sc, &dst, st->peer.nonce, &st->cm_stage);
         if (rc <= 0) return rc;
         rc = p2p_send_warmup(sc);
         if (rc) return rc;

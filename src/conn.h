@@ -28,7 +28,7 @@ int cm_listen(struct listen_comm *lc);
 void cm_close_listen(struct listen_comm *lc);
 /* Sender: start/progress the rdma_cm connects of every QP. 1 done, 0 pending, -errno. */
 int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uint64_t nonce,
-                        int *stage, const struct qp_params *qpp);
+                        int *stage);
 /* Receiver: accept nqps rdma_cm connections carrying nonce. 1 done, 0 pending, -errno. */
 int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce);
 /* The flush loopback in rdma_cm mode: a QP connected to a QP of our own through the NIC.

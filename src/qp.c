@@ -27,25 +27,37 @@ void qp_init_attr(struct ibv_qp_init_attr *a, struct ibv_cq *cq, int sq_depth, i
     a->cap.max_inline_data = max_inline;
 }
 
-int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_depth,
-              struct qp_ctx *q) {
-    struct ibv_qp_init_attr a;
+int qp_create_stepped(struct qp_ctx *q, struct ibv_cq *cq, int sq_depth, int rq_depth,
+                      qp_maker make, void *arg) {
     /* eRDMA inlines 96 bytes; some soft devices less: step down rather than fail */
     static const int inline_try[] = {ERDMA_MAX_INLINE, 64, 0};
-    memset(q, 0, sizeof(*q));
-    for (size_t i = 0; i < sizeof(inline_try) / sizeof(inline_try[0]) && !q->qp; i++) {
+    struct ibv_qp_init_attr a;
+    for (size_t i = 0; i < sizeof(inline_try) / sizeof(inline_try[0]); i++) {
         qp_init_attr(&a, cq, sq_depth, rq_depth, inline_try[i]);
-        q->qp = vb.create_qp(dev->pd, &a);
+        struct ibv_qp *qp = make(arg, &a);
+        if (!qp) continue;
+        q->qp = qp;
+        q->sq_depth = (int)a.cap.max_send_wr < sq_depth ? (int)a.cap.max_send_wr : sq_depth;
+        q->max_inline = (int)a.cap.max_inline_data > ERDMA_MAX_INLINE ? ERDMA_MAX_INLINE
+                                                                      : (int)a.cap.max_inline_data;
+        return 0;
     }
-    if (!q->qp) {
-        int err = errno ? errno : ENOMEM;
+    return errno ? -errno : -ENOMEM;
+}
+
+static struct ibv_qp *make_verbs_qp(void *pd, struct ibv_qp_init_attr *a) {
+    return vb.create_qp(pd, a);
+}
+
+int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_depth,
+              struct qp_ctx *q) {
+    memset(q, 0, sizeof(*q));
+    int rc = qp_create_stepped(q, cq, sq_depth, rq_depth, make_verbs_qp, dev->pd);
+    if (rc) {
         WARN("%s: ibv_create_qp(RC, send %d, recv %d) failed: %s", dev->name, sq_depth, rq_depth,
-             strerror(err));
-        return -err;
+             strerror(-rc));
+        return rc;
     }
-    q->sq_depth = sq_depth;
-    q->max_inline = (int)a.cap.max_inline_data;
-    if (q->max_inline > ERDMA_MAX_INLINE) q->max_inline = ERDMA_MAX_INLINE;
 
     struct ibv_qp_attr attr = {
         .qp_state = IBV_QPS_INIT,
@@ -54,7 +66,7 @@ int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_
         .qp_access_flags =
             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
     };
-    int rc = verbs_errno(vb.modify_qp(
+    rc = verbs_errno(vb.modify_qp(
         q->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
     if (rc) {
         WARN("%s: QP %u to INIT failed: %s", dev->name, q->qp->qp_num, strerror(-rc));

@@ -18,6 +18,12 @@ struct qp_params {
 void qp_params_from_env(struct qp_params *p, int traffic_class);
 void qp_init_attr(struct ibv_qp_init_attr *a, struct ibv_cq *cq, int sq_depth, int rq_depth,
                   int max_inline);
+/* Makes one QP from attr (ibv_create_qp, or rdma_create_qp on a cm_id): NULL + errno on failure. */
+typedef struct ibv_qp *(*qp_maker)(void *arg, struct ibv_qp_init_attr *a);
+/* Creates an RC QP with eRDMA's 96-byte inline, stepping down for devices that allow less,
+ * and records its send depth and inline limit in q. 0 or -errno (not logged). */
+int qp_create_stepped(struct qp_ctx *q, struct ibv_cq *cq, int sq_depth, int rq_depth,
+                      qp_maker make, void *arg);
 /* Create an RC QP and move it to INIT (GID mode). */
 int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_depth,
               struct qp_ctx *q);
