@@ -90,7 +90,7 @@ struct send_slot {
 
 struct send_comm {
     struct conn c;
-    struct wire_cts *fifo;       /* [FIFO_DEPTH][MAX_RECVS], written by the peer */
+    struct wire_cts *fifo;       /* [MAX_RECVS][FIFO_DEPTH] (cts_index), written by the peer */
     struct wire_record *records; /* [FIFO_DEPTH] staging for non-inline records */
     uint32_t fifo_seq;           /* next slot isends match against */
     uint32_t post_seq;           /* next slot to post */
@@ -111,10 +111,13 @@ struct recv_slot {
 struct recv_comm {
     struct conn c;
     struct wire_record *rec_area; /* [FIFO_DEPTH], written by the peer (imm mode) */
-    struct wire_cts *cts;         /* [FIFO_DEPTH][MAX_RECVS] staging */
+    struct wire_cts *cts;         /* [MAX_RECVS][FIFO_DEPTH] (cts_index) staging */
     struct wire_record *ring;     /* [nqps][RQ_DEPTH] send-mode receive buffers */
     uint8_t *flush_buf;
-    uint32_t seq;
+    uint32_t seq;     /* receives posted */
+    uint32_t cts_seq; /* receives whose clear-to-send is posted; the rest wait for a batch */
+    uint32_t arrived; /* receives whose payload has landed */
+    int cts_batch;    /* NCCL_ERDMA_CTS_BATCH */
     /* RC keeps each QP's completions in posting order, so the sequence a completion belongs
      * to follows from its QP: round-robin gives QP q every nqps-th slot, split gives it all */
     uint32_t next_seq[ERDMA_MAX_QPS];
@@ -128,6 +131,13 @@ struct recv_comm {
     struct rdma_event_channel *flush_ch;
     struct erdma_request reqs[ERDMA_RECV_REQS];
 };
+
+/* Clear-to-send entries, in the sender's FIFO and the receiver's staging copy, are stored
+ * buffer-major ([MAX_RECVS][FIFO_DEPTH]): the first entries of consecutive slots sit side by
+ * side, so one RDMA write of 32 bytes per slot carries a batch of single-buffer receives. */
+static inline size_t cts_index(uint32_t slot, int buf) {
+    return (size_t)buf * ERDMA_FIFO_DEPTH + slot;
+}
 
 /* Control region layouts (offsets inside conn.ctrl). */
 #define SEND_CTRL_FIFO    0

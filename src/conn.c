@@ -28,6 +28,15 @@ uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* For the data path's liveness checks, which need ~10 ms resolution: the coarse clock is
+ * read from the vDSO page alone, where CLOCK_MONOTONIC may be a system call (a VM whose
+ * clocksource has no vDSO path, like the HPET under emulation). */
+uint64_t now_coarse_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 struct erdma_device *comm_device(void *comm) {
     struct comm_base *b = comm;
     if (!b || (b->kind != COMM_LISTEN && b->kind != COMM_SEND && b->kind != COMM_RECV)) {
@@ -465,6 +474,7 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     rc->flush_buf = (uint8_t *)rc->c.ctrl + RECV_CTRL_FLUSH;
     rc->ring = (struct wire_record *)((char *)rc->c.ctrl + RECV_CTRL_RING);
     rc->c.split = m->split;
+    rc->cts_batch = (int)param_int(P_ERDMA_CTS_BATCH);
     for (int q = 0; q < m->nqps; q++)
         rc->next_seq[q] = rc->c.split ? 0 : (uint32_t)q;
     rc->c.completion = (m->completion == COMPLETION_SEND || dev->completion == COMPLETION_SEND)

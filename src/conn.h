@@ -19,6 +19,7 @@ struct listen_comm {
 };
 
 uint64_t now_ns(void);
+uint64_t now_coarse_ns(void);
 /* Allocates the CQ and control region of a connection end. */
 int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len);
 int conn_sq_depth(const struct erdma_device *dev, bool sender);

@@ -4,7 +4,8 @@
  * except the cheap liveness poll, nor sysfs, nor the environment.
  *
  * Protocol (net_ib's rendezvous): irecv RDMA-writes a clear-to-send entry per
- * buffer into the sender's FIFO slot (seq % 32). isend matches it by tag,
+ * buffer into the sender's FIFO slot (seq % 32); while the sender still holds
+ * unused ones, several wait and go in one write (see cts_may_wait). isend matches it by tag,
  * RDMA-writes the payload straight into the receive buffer and ends each QP's
  * share with a completion record: WRITE_WITH_IMM (imm = seq) into the
  * receiver's record area, or, on devices without immediates (siw, some
@@ -34,6 +35,8 @@ enum wr_kind { WR_RECORD = 1, WR_CTS = 2, WR_RECV = 3, WR_FLUSH = 4, WR_WARMUP =
  * when a completion record was written to the receiver's record area. */
 #define IMM_RECORD       0x80000000u
 #define CTS_SIGNAL_EVERY 16 /* clear-to-send writes per signaled one */
+#define CTS_LOW_WATER    2  /* unused clear-to-sends below which the sender gets more at once */
+#define CTS_QP           0  /* one QP carries them all, so they land in posting order */
 
 static inline uint64_t wr_id(enum wr_kind kind, int qp, uint32_t idx) {
     return ((uint64_t)kind << 60) | ((uint64_t)(unsigned)qp << 32) | idx;
@@ -164,7 +167,81 @@ static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec
         req->sizes[i] = rec->sizes[i];
     req->done = true;
     slot->req = NULL;
+    rc->arrived++;
     return 0;
+}
+
+/* Every posted work request costs a doorbell, a packet and its ACK at both ends, and while
+ * the receiver's thread posts one it is not polling for the next arrival. So clear-to-sends
+ * may wait while the sender still holds CTS_LOW_WATER unused ones (it cannot need these before
+ * those arrive), up to cts_batch of them; one RDMA write then carries them all. irecv writes
+ * them; progress writes them only once the sender has none left, so that a caller which posts
+ * receives and then only tests (as NCCL's proxy does) never stalls, and the write stays off
+ * the critical path of a ping-pong. */
+static uint32_t cts_held(const struct recv_comm *rc) {
+    return rc->cts_seq - rc->arrived; /* clear-to-sends the sender has and has not used yet */
+}
+static bool cts_may_wait(const struct recv_comm *rc) {
+    return rc->seq - rc->cts_seq < (uint32_t)rc->cts_batch && cts_held(rc) >= CTS_LOW_WATER;
+}
+
+/* Posts the writes of FIFO slots [first, first + count) as one chain: the first entries of
+ * every slot, then each further buffer row that some slot in the range uses. */
+static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) {
+    struct qp_ctx *qp = &rc->c.qps[CTS_QP];
+    struct ibv_send_wr wrs[ERDMA_MAX_RECVS], *bad;
+    struct ibv_sge sges[ERDMA_MAX_RECVS];
+    int rows = 1;
+    for (uint32_t k = 0; k < count; k++) {
+        int n = rc->cts[cts_index(first + k, 0)].nreqs;
+        if (n > rows) rows = n;
+    }
+    uint32_t len = count * (uint32_t)sizeof(struct wire_cts);
+    /* most clear-to-sends go unsignaled: fewer completions to reap on the critical path; a
+     * signaled one (the chain's last) retires every WR before it */
+    bool signal = qp->unsignaled + rows >= CTS_SIGNAL_EVERY;
+    for (int r = 0; r < rows; r++) {
+        bool sig = signal && r == rows - 1;
+        size_t at = cts_index(first, r);
+        sges[r] = (struct ibv_sge){
+            .addr = (uintptr_t)&rc->cts[at], .length = len, .lkey = rc->c.ctrl_mr->lkey};
+        wrs[r] = (struct ibv_send_wr){
+            .wr_id = wr_id(WR_CTS, CTS_QP, first),
+            .next = r + 1 < rows ? &wrs[r + 1] : NULL,
+            .sg_list = &sges[r],
+            .num_sge = 1,
+            .opcode = IBV_WR_RDMA_WRITE,
+            .send_flags =
+                (sig ? IBV_SEND_SIGNALED : 0) | ((int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
+            .wr.rdma = {.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts),
+                        .rkey = rc->c.remote_ctrl_rkey},
+        };
+    }
+    int ret = verbs_errno(vb.post_send(qp->qp, wrs, &bad));
+    if (ret) {
+        WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
+             qp->qp->qp_num, rc->c.peer, strerror(-ret));
+        return conn_fail(&rc->c, ret);
+    }
+    qp_sq_push(qp, rows, signal);
+    return 0;
+}
+
+/* Writes every clear-to-send not yet posted: one chain per contiguous run of FIFO slots. */
+static int cts_flush(struct recv_comm *rc) {
+    while (rc->cts_seq != rc->seq) {
+        uint32_t first = rc->cts_seq % ERDMA_FIFO_DEPTH, count = rc->seq - rc->cts_seq;
+        if (first + count > ERDMA_FIFO_DEPTH) count = ERDMA_FIFO_DEPTH - first; /* wraps */
+        int ret = cts_post_range(rc, first, count);
+        if (ret) return ret;
+        rc->cts_seq += count;
+    }
+    return 0;
+}
+
+/* Two chains at most (the FIFO wraps once); the margin also covers unsignaled ones. */
+static bool cts_room(struct recv_comm *rc) {
+    return qp_sq_room(&rc->c.qps[CTS_QP]) >= CTS_SIGNAL_EVERY;
 }
 
 static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
@@ -258,7 +335,7 @@ static int wrs_for(uint64_t len, uint32_t max_msg) {
 static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
     struct conn *c = &sc->c;
     uint32_t idx = slot->seq % ERDMA_FIFO_DEPTH;
-    const struct wire_cts *cts = &sc->fifo[idx * ERDMA_MAX_RECVS];
+    const struct wire_cts *fifo = sc->fifo;
     int used = c->split ? c->nqps : 1;
     int first = c->split ? 0 : (int)(slot->seq % (uint32_t)c->nqps);
 
@@ -303,7 +380,8 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
                     .sg_list = &sges[nwr],
                     .num_sge = 1,
                     .opcode = IBV_WR_RDMA_WRITE,
-                    .wr.rdma = {.remote_addr = cts[i].addr + off, .rkey = cts[i].rkey},
+                    .wr.rdma = {.remote_addr = fifo[cts_index(idx, i)].addr + off,
+                                .rkey = fifo[cts_index(idx, i)].rkey},
                 };
                 if (piece <= (uint32_t)q->max_inline && c->inline_payload)
                     wrs[nwr].send_flags = IBV_SEND_INLINE;
@@ -336,8 +414,8 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
                 w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
                 w->num_sge = 0;
                 w->imm_data = htonl((uint32_t)slot->sends[0].size);
-                w->wr.rdma.remote_addr = cts[0].addr;
-                w->wr.rdma.rkey = cts[0].rkey;
+                w->wr.rdma.remote_addr = fifo[cts_index(idx, 0)].addr;
+                w->wr.rdma.rkey = fifo[cts_index(idx, 0)].rkey;
             } else if (c->completion == COMPLETION_IMM) {
                 w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
                 w->imm_data = htonl(IMM_RECORD | (slot->seq & ~IMM_RECORD));
@@ -376,7 +454,7 @@ static int send_post_ready(struct send_comm *sc) {
 /* A dead peer closes its out-of-band socket (the kernel does it for a killed process) and,
  * with rdma_cm, disconnects: both show up long before RC retries run out (~30 s). */
 static int conn_check_health(struct conn *c) {
-    uint64_t t = now_ns();
+    uint64_t t = now_coarse_ns();
     if (t - c->last_check_ns < LIVENESS_NS) return 0;
     c->last_check_ns = t;
     int fatal = __atomic_load_n(&c->base.dev->fatal, __ATOMIC_ACQUIRE);
@@ -420,6 +498,8 @@ static int conn_progress(struct conn *c) {
         if (ret) return ret;
     }
     if (c->base.kind == COMM_SEND) return send_post_ready((struct send_comm *)c);
+    struct recv_comm *rc = (struct recv_comm *)c;
+    if (rc->cts_seq != rc->seq && cts_held(rc) == 0 && cts_room(rc)) return cts_flush(rc);
     return 0;
 }
 
@@ -447,6 +527,11 @@ int p2p_recv_warmup_done(struct recv_comm *rc) {
 }
 
 /* ------------------------------------------------------------ API */
+/* The peer writes the FIFO by RDMA: read it through volatile. */
+static inline volatile struct wire_cts *fifo_entry(struct send_comm *sc, uint32_t idx, int buf) {
+    return &sc->fifo[cts_index(idx, buf)];
+}
+
 int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
     struct send_comm *sc = send_comm;
     *request = NULL;
@@ -456,17 +541,17 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     }
     if (sc->c.error) return sc->c.error;
     uint32_t idx = sc->fifo_seq % ERDMA_FIFO_DEPTH;
-    volatile struct wire_cts *cts = &sc->fifo[idx * ERDMA_MAX_RECVS];
     uint32_t want = sc->fifo_seq + 1;
-    if (cts[0].seq != want) return conn_progress(&sc->c); /* receiver not ready: not an error */
+    if (fifo_entry(sc, idx, 0)->seq != want)
+        return conn_progress(&sc->c); /* receiver not ready: not an error */
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    int n = cts[0].nreqs;
+    int n = fifo_entry(sc, idx, 0)->nreqs;
     if (n < 1 || n > ERDMA_MAX_RECVS) {
         WARN("%s: clear-to-send from %s announces %d buffers", sc->c.base.dev->name, sc->c.peer, n);
         return conn_fail(&sc->c, -EPROTO);
     }
     for (int i = 1; i < n; i++)
-        if (cts[i].seq != want) return 0; /* rest of the entry still in flight */
+        if (fifo_entry(sc, idx, i)->seq != want) return 0; /* rest of the entry still in flight */
 
     struct send_slot *slot = &sc->slots[idx];
     if (slot->seq != sc->fifo_seq || !slot->matched) {
@@ -476,15 +561,16 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     }
     int i;
     for (i = 0; i < n; i++)
-        if (cts[i].tag == tag && !slot->sends[i].req) break;
+        if (fifo_entry(sc, idx, i)->tag == tag && !slot->sends[i].req) break;
     if (i == n) {
         WARN("%s: isend with tag %d matches no buffer of %s's receive #%u", sc->c.base.dev->name,
              tag, sc->c.peer, sc->fifo_seq);
         return -EINVAL;
     }
-    if (size > cts[i].size) {
+    if (size > fifo_entry(sc, idx, i)->size) {
         WARN("%s: isend of %zu bytes to %s but the matching receive buffer holds %llu",
-             sc->c.base.dev->name, size, sc->c.peer, (unsigned long long)cts[i].size);
+             sc->c.base.dev->name, size, sc->c.peer,
+             (unsigned long long)fifo_entry(sc, idx, i)->size);
         return -EMSGSIZE;
     }
     struct erdma_mr *mr = mhandle;
@@ -522,9 +608,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     if (rc->c.error) return rc->c.error;
     uint32_t seq = rc->seq, idx = seq % ERDMA_FIFO_DEPTH;
     struct recv_slot *slot = &rc->slots[idx];
-    int q = (int)(seq % (uint32_t)rc->c.nqps);
-    struct qp_ctx *qp = &rc->c.qps[q];
-    if (slot->req || qp_sq_room(qp) < CTS_SIGNAL_EVERY) return conn_progress(&rc->c);
+    if (slot->req || !cts_room(rc)) return conn_progress(&rc->c);
     for (int i = 0; i < n; i++) {
         if (sizes[i] > 0 && !mhandles[i]) {
             WARN("%s: irecv buffer %d (%zu bytes) without a memory handle", rc->c.base.dev->name, i,
@@ -537,52 +621,25 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     req->n = n;
     req->seq = seq;
 
-    struct wire_cts *cts = &rc->cts[idx * ERDMA_MAX_RECVS];
     for (int i = 0; i < n; i++) {
         struct erdma_mr *mr = mhandles[i];
-        cts[i] = (struct wire_cts){.addr = (uintptr_t)data[i],
-                                   .size = sizes[i],
-                                   .rkey = mr ? mr->mr->rkey : 0,
-                                   .tag = tags[i],
-                                   .nreqs = (uint16_t)n,
-                                   .seq = seq + 1};
+        rc->cts[cts_index(idx, i)] = (struct wire_cts){.addr = (uintptr_t)data[i],
+                                                       .size = sizes[i],
+                                                       .rkey = mr ? mr->mr->rkey : 0,
+                                                       .tag = tags[i],
+                                                       .nreqs = (uint16_t)n,
+                                                       .seq = seq + 1};
         slot->posted_sizes[i] = sizes[i];
     }
     slot->seq = seq;
     slot->req = req;
     slot->expected = rc->c.split ? rc->c.nqps : 1;
     slot->got = 0;
-
-    uint32_t len = (uint32_t)(n * sizeof(struct wire_cts));
-    /* most clear-to-sends go unsignaled: fewer completions to reap on the critical path */
-    bool signal = qp->unsignaled + 1 >= CTS_SIGNAL_EVERY;
-    struct ibv_sge sge = {.addr = (uintptr_t)cts, .length = len, .lkey = rc->c.ctrl_mr->lkey};
-    struct ibv_send_wr wr =
-                           {
-                               .wr_id = wr_id(WR_CTS, q, idx),
-                               .sg_list = &sge,
-                               .num_sge = 1,
-                               .opcode = IBV_WR_RDMA_WRITE,
-                               .send_flags = (signal ? IBV_SEND_SIGNALED : 0) |
-                                             ((int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
-                               .wr.rdma = {.remote_addr =
-                                               rc->c.remote_ctrl_addr +
-                                               idx * ERDMA_MAX_RECVS * sizeof(struct wire_cts),
-                                           .rkey = rc->c.remote_ctrl_rkey},
-                           },
-                       *bad;
-    int ret = verbs_errno(vb.post_send(qp->qp, &wr, &bad));
-    if (ret) {
-        WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
-             qp->qp->qp_num, rc->c.peer, strerror(-ret));
-        slot->req = NULL;
-        req->type = REQ_FREE;
-        return conn_fail(&rc->c, ret);
-    }
-    qp_sq_push(qp, 1, signal);
     rc->seq++;
     *request = req;
-    return 0;
+    int ret = cts_may_wait(rc) ? 0 : cts_flush(rc);
+    if (ret) *request = NULL; /* the connection is broken; close frees the request */
+    return ret;
 }
 
 int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **mhandles,

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC       0x65524d41u /* "eRMA" */
-#define WIRE_VERSION     1
+#define WIRE_VERSION     2           /* 2: buffer-major clear-to-send FIFO */
 #define ERDMA_MAX_QPS    16
 #define ERDMA_FIFO_DEPTH NCCL_NET_MAX_REQUESTS
 

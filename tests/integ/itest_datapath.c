@@ -182,6 +182,79 @@ static int multi_send(struct duo *d, void *arg) {
     return send_side_close(&s);
 }
 
+/* ------------------------------------------------------------ scenario: multi-receives in flight
+ * Many receives of 1..4 buffers posted at once, over the FIFO's wrap: clear-to-sends that
+ * wait go out together, every buffer row of the batch with them. */
+#define PIPE_RECVS     20
+#define PIPE_ROUNDS    3
+#define PIPE_BUFS(k)   (1 + (k) % 4)
+#define PIPE_SZ(k, i)  (size_t)(97 * ((k) + 1) + 13 * (i))
+#define PIPE_TAG(k, i) ((k)*10 + (i))
+
+static int pipe_recv(struct duo *d, void *arg) {
+    struct side s;
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    size_t stride = PIPE_SZ(PIPE_RECVS, 4) + SLACK;
+    uint8_t *buf = page_alloc(PIPE_RECVS * 4 * stride);
+    void *mh;
+    CHECK(net_regmr(&s.n, s.comm, buf, PIPE_RECVS * 4 * stride, &mh) == 0);
+    for (int round = 0; round < PIPE_ROUNDS; round++) {
+        void *req[PIPE_RECVS];
+        memset(buf, CANARY, PIPE_RECVS * 4 * stride);
+        for (int k = 0; k < PIPE_RECVS; k++) {
+            void *data[4], *mhs[4] = {mh, mh, mh, mh};
+            size_t sz[4];
+            int tags[4];
+            for (int i = 0; i < PIPE_BUFS(k); i++) {
+                data[i] = buf + (size_t)(k * 4 + i) * stride;
+                sz[i] = PIPE_SZ(k, i) + SLACK / 2; /* larger than what is sent */
+                tags[i] = PIPE_TAG(k, i);
+            }
+            CHECK(net_irecv(&s.n, s.comm, PIPE_BUFS(k), data, sz, tags, mhs, &req[k], TMO) == 0);
+        }
+        for (int k = PIPE_RECVS - 1; k >= 0; k--) {
+            int got[4];
+            CHECK(net_wait(&s.n, req[k], got, TMO) == 0);
+            for (int i = 0; i < PIPE_BUFS(k); i++) {
+                uint8_t *b = buf + (size_t)(k * 4 + i) * stride;
+                CHECK(got[i] == (int)PIPE_SZ(k, i));
+                CHECK(pattern_check(b, PIPE_SZ(k, i), (uint32_t)(PIPE_TAG(k, i) + round)) < 0);
+                for (size_t x = PIPE_SZ(k, i); x < stride; x++)
+                    CHECK(b[x] == CANARY);
+            }
+        }
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return recv_side_close(&s);
+}
+
+static int pipe_send(struct duo *d, void *arg) {
+    struct side s;
+    CHECK(send_side_open(d, arg, &s) == 0);
+    size_t stride = PIPE_SZ(PIPE_RECVS, 4);
+    uint8_t *buf = page_alloc(PIPE_RECVS * 4 * stride);
+    void *mh;
+    CHECK(net_regmr(&s.n, s.comm, buf, PIPE_RECVS * 4 * stride, &mh) == 0);
+    for (int round = 0; round < PIPE_ROUNDS; round++) {
+        void *req[PIPE_RECVS][4];
+        for (int k = 0; k < PIPE_RECVS; k++) {
+            for (int i = PIPE_BUFS(k) - 1; i >= 0; i--) { /* not the receive's tag order */
+                uint8_t *b = buf + (size_t)(k * 4 + i) * stride;
+                pattern_fill(b, PIPE_SZ(k, i), (uint32_t)(PIPE_TAG(k, i) + round));
+                CHECK(net_isend(&s.n, s.comm, b, PIPE_SZ(k, i), PIPE_TAG(k, i), mh, &req[k][i],
+                                TMO) == 0);
+            }
+        }
+        for (int k = 0; k < PIPE_RECVS; k++)
+            for (int i = 0; i < PIPE_BUFS(k); i++)
+                CHECK(net_wait(&s.n, req[k][i], NULL, TMO) == 0);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return send_side_close(&s);
+}
+
 /* ------------------------------------------------------------ scenario: 32 in flight, out of order
  */
 #define INFLIGHT    32
@@ -490,6 +563,7 @@ static const struct scenario scenarios[] = {
     {"sizes", sizes_recv, sizes_send, NULL},
     {"multirecv_tags", multi_recv, multi_send, NULL},
     {"inflight32_out_of_order", inflight_recv, inflight_send, NULL},
+    {"multirecv_pipelined", pipe_recv, pipe_send, NULL},
     {"sender_first", sendfirst_recv, sendfirst_send, NULL},
     {"several_comms", multicomm_recv, multicomm_send, NULL},
     {"truncation_is_error", trunc_recv, trunc_send, NULL},
@@ -500,6 +574,10 @@ static const struct scenario scenarios[] = {
      "NCCL_IB_QPS_PER_CONNECTION=4;NCCL_IB_SPLIT_DATA_ON_QPS=1"},
     {"multirecv_3qps_split", multi_recv, multi_send,
      "NCCL_IB_QPS_PER_CONNECTION=3;NCCL_IB_SPLIT_DATA_ON_QPS=1"},
+    /* clear-to-sends one write each (net_ib's way), and batches of up to 16 */
+    {"sizes_cts_unbatched", sizes_recv, sizes_send, "NCCL_ERDMA_CTS_BATCH=1"},
+    {"multirecv_pipelined_batch16", pipe_recv, pipe_send, "NCCL_ERDMA_CTS_BATCH=16"},
+    {"multirecv_pipelined_3qps", pipe_recv, pipe_send, "NCCL_IB_QPS_PER_CONNECTION=3"},
 };
 
 struct test_case {
