@@ -12,7 +12,11 @@
 # Environment (defaults in brackets):
 #   BUILD_DIR [build]  BW_SIZES [4K 16K 64K 256K 1M 4M 16M 64M]
 #   LAT_SIZES [8 64 512 4K 64K]  BW_BYTES [64M timed bytes per size]
-#   LAT_ITERS [1000]  WINDOW [16]  API [12]  BENCH_EXTRA [extra erdma_bench flags]
+#   LAT_ITERS [1000]  LAT_ROUNDS [3]  WINDOW [16]  API [12]
+#   BENCH_EXTRA [extra erdma_bench flags]
+# Latency drifts by 20-40 % within one boot of the emulated VM, so it is
+# measured LAT_ROUNDS times, perftest and plugin alternating, and the table
+# gives each side's median with the range of the per-round ratios.
 #   PERFTEST_TRIES [3]  perftest retries a failed run (emulated clocks make it exit 1)
 set -euo pipefail
 
@@ -55,6 +59,7 @@ BW_SIZES=${BW_SIZES:-4K 16K 64K 256K 1M 4M 16M 64M}
 LAT_SIZES=${LAT_SIZES:-8 64 512 4K 64K}
 BW_BYTES=${BW_BYTES:-64M}
 LAT_ITERS=${LAT_ITERS:-1000}
+LAT_ROUNDS=${LAT_ROUNDS:-3}
 WINDOW=${WINDOW:-16}
 API=${API:-12}
 TRIES=${PERFTEST_TRIES:-3}
@@ -104,9 +109,34 @@ perftest() {
   return 1
 }
 
-# Fills BWP[size], LATP[size] (perftest) and BWX[size], LATX[size] (plugin) for one device.
+# Runs the plugin bench on DEV in MODE (bw|lat) with the sizes set; reads its table into
+# BWX[size] or the list LATXS[size]. Returns the bench's exit status.
+plugin_bench() {
+  local dev=$1 mode=$2 list lat_list rc=0
+  list=$(echo "$BW_SIZES" | tr ' ' ','); lat_list=$(echo "$LAT_SIZES" | tr ' ' ',')
+  local cmd=("$BENCH" -d "$dev" -p "$PLUGIN" -a "$API" -m "$mode" -w "$WINDOW" -s "$list"
+             -B "$BW_BYTES" -i "$MIN_ITERS" -S "$lat_list" -n "$LAT_ITERS" -t 90)
+  # shellcheck disable=SC2206
+  [ -n "${BENCH_EXTRA:-}" ] && cmd+=($BENCH_EXTRA)
+  echo "== $dev: ${cmd[*]}" >&2
+  timeout 200 "${cmd[@]}" > "$LOG/bench.$dev" 2> "$LOG/bench.$dev.err" || rc=$?
+  sed 's/^/   /' "$LOG/bench.$dev" >&2
+  [ -s "$LOG/bench.$dev.err" ] && sed 's/^/   stderr: /' "$LOG/bench.$dev.err" | head -n 20 >&2
+  # (no process substitution: the VM has no /dev/fd)
+  local m size f4 f7
+  while read -r m size _ f4 _ _ f7 _; do
+    case $m in
+      bw) BWX[$size]=$f4 ;;
+      lat) LATXS[$size]+=" $f7" ;;
+    esac
+  done < "$LOG/bench.$dev"
+  return $rc
+}
+
+# Fills BWP[size] / BWX[size] (perftest / plugin bandwidth) and the lists LATPS[size] /
+# LATXS[size] (one latency per round) for one device.
 measure() {
-  local dev=$1 s b n out
+  local dev=$1 s b n out r
   echo "== $dev: perftest ib_write_bw ($(perftest_flags "$dev"), default tx depth)" >&2
   for s in $BW_SIZES; do
     b=$(bytes "$s"); n=$(iters_for "$b")
@@ -115,37 +145,36 @@ measure() {
     fi
     echo "   $s: ${BWP[$b]:-FAILED} MB/s" >&2
   done
-  echo "== $dev: perftest ib_write_lat" >&2
-  for s in $LAT_SIZES; do
-    b=$(bytes "$s")
-    if out=$(perftest ib_write_lat "$dev" -s "$b" -n "$LAT_ITERS"); then
-      LATP[$b]=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 6 {print $6; exit}')
-    fi
-    echo "   $s: ${LATP[$b]:-FAILED} us" >&2
+  PLUGIN_RC[$dev]=0
+  plugin_bench "$dev" bw || PLUGIN_RC[$dev]=$?
+  for r in $(seq 1 "$LAT_ROUNDS"); do
+    echo "== $dev: perftest ib_write_lat, round $r of $LAT_ROUNDS" >&2
+    for s in $LAT_SIZES; do
+      b=$(bytes "$s")
+      if out=$(perftest ib_write_lat "$dev" -s "$b" -n "$LAT_ITERS"); then
+        LATPS[$b]+=" $(echo "$out" | awk -v b="$b" '$1 == b && NF >= 6 {print $6; exit}')"
+      fi
+      echo "   $s: ${LATPS[$b]:-FAILED} us" >&2
+    done
+    [ "${PLUGIN_RC[$dev]}" = 0 ] || break
+    plugin_bench "$dev" lat || PLUGIN_RC[$dev]=$?
   done
+}
 
-  local list lat_list
-  list=$(echo "$BW_SIZES" | tr ' ' ','); lat_list=$(echo "$LAT_SIZES" | tr ' ' ',')
-  local cmd=("$BENCH" -d "$dev" -p "$PLUGIN" -a "$API" -w "$WINDOW" -s "$list" -B "$BW_BYTES"
-             -i "$MIN_ITERS" -S "$lat_list" -n "$LAT_ITERS" -t 90)
-  # shellcheck disable=SC2206
-  [ -n "${BENCH_EXTRA:-}" ] && cmd+=($BENCH_EXTRA)
-  echo "== $dev: ${cmd[*]}" >&2
-  if timeout 200 "${cmd[@]}" > "$LOG/bench.$dev" 2> "$LOG/bench.$dev.err"; then
-    PLUGIN_RC[$dev]=0
-  else
-    PLUGIN_RC[$dev]=$?
-  fi
-  sed 's/^/   /' "$LOG/bench.$dev" >&2
-  [ -s "$LOG/bench.$dev.err" ] && sed 's/^/   stderr: /' "$LOG/bench.$dev.err" | head -n 20 >&2
-  # (no process substitution: the VM has no /dev/fd)
-  local mode size f4 f7
-  while read -r mode size _ f4 _ _ f7 _; do
-    case $mode in
-      bw) BWX[$size]=$f4 ;;
-      lat) LATX[$size]=$f7 ;;
-    esac
-  done < "$LOG/bench.$dev"
+median() { # values... -> the median, or nothing
+  [ $# -gt 0 ] || return 0
+  printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+
+ratio_range() { # "plugin values" "perftest values" -> "1.31-1.52" over the rounds both have
+  local -a x p
+  read -r -a x <<< "$1"; read -r -a p <<< "$2"
+  local i out=""
+  for i in "${!x[@]}"; do
+    [ -n "${p[$i]:-}" ] && out+=" $(ratio "${x[$i]}" "${p[$i]}")"
+  done
+  # shellcheck disable=SC2086
+  [ -n "$out" ] && printf '%s\n' $out | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "-" hi}' || echo "-"
 }
 
 ratio() { # plugin perftest -> "0.97" or "-"
@@ -165,13 +194,18 @@ table() {
     echo "| $(human "$b") | ${BWP[$b]:-FAILED} | ${BWX[$b]:-FAILED} | $(ratio "${BWX[$b]:-}" "${BWP[$b]:-}") |"
   done
   echo
-  echo "### $dev: latency, one-way us (t_avg = round trip / 2), $LAT_ITERS iterations"
+  echo "### $dev: latency, one-way us (t_avg = round trip / 2), $LAT_ITERS iterations, median of $LAT_ROUNDS alternating rounds"
   echo
-  echo "| size | ib_write_lat | plugin (v$API) | plugin / perftest |"
-  echo "| ---: | ---: | ---: | ---: |"
+  echo "| size | ib_write_lat | plugin (v$API) | plugin / perftest | per-round ratios |"
+  echo "| ---: | ---: | ---: | ---: | ---: |"
+  local lp lx
   for s in $LAT_SIZES; do
     b=$(bytes "$s")
-    echo "| $(human "$b") | ${LATP[$b]:-FAILED} | ${LATX[$b]:-FAILED} | $(ratio "${LATX[$b]:-}" "${LATP[$b]:-}") |"
+    # shellcheck disable=SC2086
+    lp=$(median ${LATPS[$b]:-})
+    # shellcheck disable=SC2086
+    lx=$(median ${LATXS[$b]:-})
+    echo "| $(human "$b") | ${lp:-FAILED} | ${lx:-FAILED} | $(ratio "$lx" "$lp") | $(ratio_range "${LATXS[$b]:-}" "${LATPS[$b]:-}") |"
   done
   if [ "${PLUGIN_RC[$dev]}" != 0 ]; then
     echo
@@ -189,17 +223,18 @@ REPORT=$LOG/report
   echo "VM: $(uname -r), $(nproc) vCPUs, soft devices $(ls /sys/class/infiniband | tr '\n' ' ');" \
        "plugin $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-60)"
   echo "perftest: ib_write_bw -d DEV $(perftest_flags rxe0) (rxe) / -R (siw) -s SIZE -n ITERS;" \
-       "ib_write_lat -s SIZE -n $LAT_ITERS; same timed bytes per size as the plugin"
+       "ib_write_lat -s SIZE -n $LAT_ITERS; same timed bytes per size as the plugin;" \
+       "latency: $LAT_ROUNDS rounds, perftest then plugin"
 } > "$REPORT"
 
 rc=0
 for dev in "${DEVICES[@]}"; do
   [ -d "/sys/class/infiniband/$dev" ] || { echo "no device $dev in this VM" >&2; rc=1; continue; }
-  declare -A BWP=() LATP=() BWX=() LATX=()
+  declare -A BWP=() LATPS=() BWX=() LATXS=()
   measure "$dev"
   [ "${PLUGIN_RC[$dev]}" = 0 ] || rc=1
   table "$dev" >> "$REPORT"
-  unset BWP LATP BWX LATX
+  unset BWP LATPS BWX LATXS
 done
 echo "(measured in ${SECONDS}s inside the VM)" >> "$REPORT"
 echo

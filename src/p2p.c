@@ -34,9 +34,10 @@ enum wr_kind { WR_RECORD = 1, WR_CTS = 2, WR_RECV = 3, WR_FLUSH = 4, WR_WARMUP =
 /* Immediate data: the message size (single-buffer receives), or this flag and the sequence
  * when a completion record was written to the receiver's record area. */
 #define IMM_RECORD       0x80000000u
-#define CTS_SIGNAL_EVERY 16 /* clear-to-send writes per signaled one */
-#define CTS_LOW_WATER    2  /* unused clear-to-sends below which the sender gets more at once */
-#define CTS_QP           0  /* one QP carries them all, so they land in posting order */
+#define CTS_SIGNAL_EVERY 16    /* clear-to-send writes per signaled one */
+#define CTS_LOW_WATER    2     /* unused clear-to-sends below which the sender gets more at once */
+#define CTS_WAIT_MAX     65536 /* larger receives write theirs at once: the transfer dwarfs a post */
+#define CTS_QP           0     /* one QP carries them all, so they land in posting order */
 
 static inline uint64_t wr_id(enum wr_kind kind, int qp, uint32_t idx) {
     return ((uint64_t)kind << 60) | ((uint64_t)(unsigned)qp << 32) | idx;
@@ -177,7 +178,8 @@ static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec
  * those arrive), up to cts_batch of them; one RDMA write then carries them all. irecv writes
  * them; progress writes them only once the sender has none left, so that a caller which posts
  * receives and then only tests (as NCCL's proxy does) never stalls, and the write stays off
- * the critical path of a ping-pong. */
+ * the critical path of a ping-pong. Only receives of up to CTS_WAIT_MAX bytes wait: for
+ * larger ones the transfer dwarfs a post, and the sender keeps its deep pipeline. */
 static uint32_t cts_held(const struct recv_comm *rc) {
     return rc->cts_seq - rc->arrived; /* clear-to-sends the sender has and has not used yet */
 }
@@ -637,7 +639,10 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     slot->got = 0;
     rc->seq++;
     *request = req;
-    int ret = cts_may_wait(rc) ? 0 : cts_flush(rc);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += sizes[i];
+    int ret = total <= CTS_WAIT_MAX && cts_may_wait(rc) ? 0 : cts_flush(rc);
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;
 }
