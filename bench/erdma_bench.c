@@ -61,6 +61,8 @@ struct bench_cfg {
     uint64_t bw_min_iters, bw_warmup;
     uint64_t lat_sizes[MAX_SIZES];
     uint64_t lat_iters, lat_warmup;
+    uint32_t lat_depth; /* receives kept posted in ping-pong */
+    uint32_t reserved;
 };
 
 struct ctrl_msg {
@@ -482,12 +484,12 @@ static int cmp_double(const void *a, const void *b) {
 
 /*
  * Ping-pong. Like NCCL's proxy, which posts receives for its NCCL_STEPS (8)
- * steps ahead, each side keeps eight receives posted: receive i+8 is posted
- * right after message i is sent, so its clear-to-send never sits on the
- * critical path (and the plugin may batch them). The client (pinger) times
- * round trips.
+ * steps ahead, each side keeps --lat-depth (default 8) receives posted:
+ * receive i+depth is posted right after message i is sent, so its
+ * clear-to-send never sits on the critical path (and the plugin may batch
+ * them). The client (pinger) times round trips.
  */
-#define LAT_DEPTH 8
+#define LAT_DEPTH_DEFAULT 8
 static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
     static double rtt[MAX_LAT_ITER];
     double phase[4] = {0};
@@ -495,7 +497,7 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
     if (client) {
         printf("# latency: ping-pong, %" PRIu64 " iterations, %" PRIu64
                " warmup, %d receives pre-posted; one-way = round trip / 2\n",
-               c->lat_iters, c->lat_warmup, LAT_DEPTH);
+               c->lat_iters, c->lat_warmup, c->lat_depth);
         printf("%-6s %12s %10s %12s %12s %14s %12s\n", "#mode", "bytes", "iters", "t_min[us]",
                "t_max[us]", "t_typical[us]", "t_avg[us]");
         fflush(stdout);
@@ -505,16 +507,17 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
         g_deadline = now_s() + g_opt.timeout_s;
         uint64_t total = c->lat_warmup + c->lat_iters + 1;
         char why[256];
-        void *rreq[LAT_DEPTH];
+        void *rreq[MAX_WINDOW];
+        const uint64_t depth = c->lat_depth;
         if (c->verify) recv_prepare(p->data_recv.ptr, size); /* before the CTS can leave */
-        for (uint64_t d = 0; d < LAT_DEPTH && d < total; d++)
+        for (uint64_t d = 0; d < depth && d < total; d++)
             rreq[d] = post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
         for (uint64_t i = 0; i < total; i++) {
             bool check = c->verify && i == 0;
             unsigned ping_salt = 0x200 + (unsigned)size, pong_salt = 0x300 + (unsigned)size;
             if (check) pattern_fill(p->data_send.ptr, size, client ? ping_salt : pong_salt);
             double t0 = tick_s(), ta, tb, tc;
-            void *cur = rreq[i % LAT_DEPTH];
+            void *cur = rreq[i % depth];
             if (client) {
                 void *sreq = post_send(n, p->send_comm, p->data_send.ptr, size, p->data_send.mh);
                 ta = tick_s();
@@ -523,8 +526,8 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
                 if (check &&
                     pattern_check(p->data_recv.ptr, size, pong_salt, got, why, sizeof(why)))
                     die("DATA CHECK FAILED (pong) at %zu bytes: %s", size, why);
-                if (i + LAT_DEPTH < total)
-                    rreq[i % LAT_DEPTH] =
+                if (i + depth < total)
+                    rreq[i % depth] =
                         post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
                 tb = tick_s();
                 wait_req(n, sreq, "ping send", size);
@@ -542,8 +545,8 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
                     die("DATA CHECK FAILED (ping) at %zu bytes: %s", size, why);
                 void *sreq = post_send(n, p->send_comm, p->data_send.ptr, size, p->data_send.mh);
                 tb = tick_s();
-                if (i + LAT_DEPTH < total)
-                    rreq[i % LAT_DEPTH] =
+                if (i + depth < total)
+                    rreq[i % depth] =
                         post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
                 tc = tick_s();
                 wait_req(n, sreq, "pong send", size);
@@ -776,35 +779,37 @@ static uint32_t size_list(const char *list, uint64_t min, uint64_t max, uint64_t
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: erdma_bench [options]\n"
-            "  -d, --dev NAME        RDMA device (sets NCCL_IB_HCA==NAME); default: first\n"
-            "  -m, --mode bw|lat|both  what to measure (default both)\n"
-            "  -a, --api 8|12        ncclNet table to use (default 12)\n"
-            "  -w, --window N        requests in flight, 1..32 (default 16)\n"
-            "  -b, --min SIZE        bandwidth sizes from (default 4K)\n"
-            "  -e, --max SIZE        ... to (default 64M)\n"
-            "  -f, --factor N        ... multiplying by (default 4)\n"
-            "  -s, --sizes LIST      bandwidth sizes as a list (e.g. 1M,4M,16M,64M)\n"
-            "  -B, --bytes SIZE      timed bytes per bandwidth size (default 64M)\n"
-            "  -i, --min-iters N     at least N timed messages per size (default 16)\n"
-            "  -W, --warmup N        warmup messages per bandwidth size (default 4)\n"
-            "  -l, --lat-min SIZE    latency sizes from (default 8)\n"
-            "  -L, --lat-max SIZE    ... to (default 64K)\n"
-            "  -F, --lat-factor N    ... multiplying by (default 2)\n"
-            "  -S, --lat-sizes LIST  latency sizes as a list (e.g. 8,64,4K)\n"
-            "  -n, --lat-iters N     timed round trips per size (default 1000)\n"
-            "  -N, --lat-warmup N    warmup round trips per size (default 50)\n"
-            "      --no-verify       skip the first-iteration data check\n"
-            "  -p, --plugin PATH     the plugin .so (default libnccl-net-erdma.so)\n"
-            "  -t, --timeout SEC     give up when one size takes longer (default 120)\n"
-            "      --server[=FILE]   only the receiver: write the hex handle to FILE or stdout\n"
-            "      --client=HEX|@FILE  only the sender, connecting to that handle\n"
-            "      --breakdown       latency: where each side's time goes, per phase (stderr)\n"
-            "      --poll-sleep US   bandwidth: sleep between empty tests (diagnostic: frees the\n"
-            "                        CPU for a software RDMA device; NCCL's proxy spins)\n"
-            "  -v, --verbose         plugin INFO lines (twice: TRACE)\n"
-            "Without --server/--client one process forks the other (handle through a pipe).\n");
+    fprintf(
+        f,
+        "usage: erdma_bench [options]\n"
+        "  -d, --dev NAME        RDMA device (sets NCCL_IB_HCA==NAME); default: first\n"
+        "  -m, --mode bw|lat|both  what to measure (default both)\n"
+        "  -a, --api 8|12        ncclNet table to use (default 12)\n"
+        "  -w, --window N        requests in flight, 1..32 (default 16)\n"
+        "  -b, --min SIZE        bandwidth sizes from (default 4K)\n"
+        "  -e, --max SIZE        ... to (default 64M)\n"
+        "  -f, --factor N        ... multiplying by (default 4)\n"
+        "  -s, --sizes LIST      bandwidth sizes as a list (e.g. 1M,4M,16M,64M)\n"
+        "  -B, --bytes SIZE      timed bytes per bandwidth size (default 64M)\n"
+        "  -i, --min-iters N     at least N timed messages per size (default 16)\n"
+        "  -W, --warmup N        warmup messages per bandwidth size (default 4)\n"
+        "  -l, --lat-min SIZE    latency sizes from (default 8)\n"
+        "  -L, --lat-max SIZE    ... to (default 64K)\n"
+        "  -F, --lat-factor N    ... multiplying by (default 2)\n"
+        "  -S, --lat-sizes LIST  latency sizes as a list (e.g. 8,64,4K)\n"
+        "  -n, --lat-iters N     timed round trips per size (default 1000)\n"
+        "  -N, --lat-warmup N    warmup round trips per size (default 50)\n"
+        "  -D, --lat-depth N     receives kept posted in ping-pong, 1..32 (default 8, NCCL_STEPS)\n"
+        "      --no-verify       skip the first-iteration data check\n"
+        "  -p, --plugin PATH     the plugin .so (default libnccl-net-erdma.so)\n"
+        "  -t, --timeout SEC     give up when one size takes longer (default 120)\n"
+        "      --server[=FILE]   only the receiver: write the hex handle to FILE or stdout\n"
+        "      --client=HEX|@FILE  only the sender, connecting to that handle\n"
+        "      --breakdown       latency: where each side's time goes, per phase (stderr)\n"
+        "      --poll-sleep US   bandwidth: sleep between empty tests (diagnostic: frees the\n"
+        "                        CPU for a software RDMA device; NCCL's proxy spins)\n"
+        "  -v, --verbose         plugin INFO lines (twice: TRACE)\n"
+        "Without --server/--client one process forks the other (handle through a pipe).\n");
 }
 
 static void parse_opts(int argc, char **argv, struct opts *o) {
@@ -817,7 +822,8 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
                 .bw_min_iters = 16,
                 .bw_warmup = 4,
                 .lat_iters = 1000,
-                .lat_warmup = 50},
+                .lat_warmup = 50,
+                .lat_depth = LAT_DEPTH_DEFAULT},
         .api = 12,
         .bw_min = 4096,
         .bw_max = 64 << 20,
@@ -846,6 +852,7 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
                                        {"lat-sizes", 1, 0, 'S'},
                                        {"lat-iters", 1, 0, 'n'},
                                        {"lat-warmup", 1, 0, 'N'},
+                                       {"lat-depth", 1, 0, 'D'},
                                        {"no-verify", 0, 0, OPT_NO_VERIFY},
                                        {"plugin", 1, 0, 'p'},
                                        {"timeout", 1, 0, 't'},
@@ -857,7 +864,7 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
                                        {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "d:m:a:w:b:e:f:s:B:i:W:l:L:F:S:n:N:p:t:vh", lo, NULL)) !=
+    while ((c = getopt_long(argc, argv, "d:m:a:w:b:e:f:s:B:i:W:l:L:F:S:n:N:D:p:t:vh", lo, NULL)) !=
            -1) {
         switch (c) {
         case 'd':
@@ -916,6 +923,11 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
             break;
         case 'N':
             o->cfg.lat_warmup = parse_size(optarg);
+            break;
+        case 'D':
+            o->cfg.lat_depth = (uint32_t)atoi(optarg);
+            if (o->cfg.lat_depth < 1 || o->cfg.lat_depth > MAX_WINDOW)
+                die("lat-depth must be 1..%d (NCCL_NET_MAX_REQUESTS)", MAX_WINDOW);
             break;
         case OPT_NO_VERIFY:
             o->cfg.verify = 0;

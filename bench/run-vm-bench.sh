@@ -12,7 +12,7 @@
 # Environment (defaults in brackets):
 #   BUILD_DIR [build]  BW_SIZES [4K 16K 64K 256K 1M 4M 16M 64M]
 #   LAT_SIZES [8 64 512 4K 64K]  BW_BYTES [64M timed bytes per size]
-#   LAT_ITERS [1000]  LAT_ROUNDS [3]  WINDOW [16]  API [12]
+#   LAT_ITERS [1000]  LAT_ROUNDS [3]  LAT_DEPTH [8 receives posted]  WINDOW [16]  API [12]
 #   BENCH_EXTRA [extra erdma_bench flags]
 # Latency drifts by 20-40 % within one boot of the emulated VM, so it is
 # measured LAT_ROUNDS times, perftest and plugin alternating, and the table
@@ -39,7 +39,7 @@ if [ "${1:-}" != --inside ]; then
   for f in "$BUILD_DIR/bench/erdma_bench" "$BUILD_DIR/src/libnccl-net-erdma.so"; do
     [ -e "$f" ] || { echo "missing $f: build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR -j2)" >&2; exit 2; }
   done
-  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}"
+  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
   if [ -n "$OUT_FILE" ]; then
     mkdir -p "$(dirname "$OUT_FILE")"
     tests/vm/run-in-rdma-vm.sh bench/run-vm-bench.sh --inside "${@:-rxe0 siw0}" | tee "$OUT_FILE"
@@ -60,6 +60,7 @@ LAT_SIZES=${LAT_SIZES:-8 64 512 4K 64K}
 BW_BYTES=${BW_BYTES:-64M}
 LAT_ITERS=${LAT_ITERS:-1000}
 LAT_ROUNDS=${LAT_ROUNDS:-3}
+LAT_DEPTH=${LAT_DEPTH:-8}
 WINDOW=${WINDOW:-16}
 API=${API:-12}
 TRIES=${PERFTEST_TRIES:-3}
@@ -115,7 +116,7 @@ plugin_bench() {
   local dev=$1 mode=$2 list lat_list rc=0
   list=$(echo "$BW_SIZES" | tr ' ' ','); lat_list=$(echo "$LAT_SIZES" | tr ' ' ',')
   local cmd=("$BENCH" -d "$dev" -p "$PLUGIN" -a "$API" -m "$mode" -w "$WINDOW" -s "$list"
-             -B "$BW_BYTES" -i "$MIN_ITERS" -S "$lat_list" -n "$LAT_ITERS" -t 90)
+             -B "$BW_BYTES" -i "$MIN_ITERS" -S "$lat_list" -n "$LAT_ITERS" -D "$LAT_DEPTH" -t 90)
   # shellcheck disable=SC2206
   [ -n "${BENCH_EXTRA:-}" ] && cmd+=($BENCH_EXTRA)
   echo "== $dev: ${cmd[*]}" >&2
@@ -151,9 +152,9 @@ measure() {
     echo "== $dev: perftest ib_write_lat, round $r of $LAT_ROUNDS" >&2
     for s in $LAT_SIZES; do
       b=$(bytes "$s")
-      if out=$(perftest ib_write_lat "$dev" -s "$b" -n "$LAT_ITERS"); then
-        LATPS[$b]+=" $(echo "$out" | awk -v b="$b" '$1 == b && NF >= 6 {print $6; exit}')"
-      fi
+      out=$(perftest ib_write_lat "$dev" -s "$b" -n "$LAT_ITERS") || out=
+      out=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 6 {print $6; exit}')
+      LATPS[$b]+=" ${out:--}" # "-" keeps the rounds aligned when perftest failed
       echo "   $s: ${LATPS[$b]:-FAILED} us" >&2
     done
     [ "${PLUGIN_RC[$dev]}" = 0 ] || break
@@ -161,9 +162,9 @@ measure() {
   done
 }
 
-median() { # values... -> the median, or nothing
-  [ $# -gt 0 ] || return 0
-  printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+median() { # values... ("-" = no value) -> the median, or nothing
+  printf '%s\n' "$@" | { grep -v '^-$' || true; } | sort -g |
+    awk '{v[NR] = $1} END {if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
 
 ratio_range() { # "plugin values" "perftest values" -> "1.31-1.52" over the rounds both have
@@ -171,7 +172,7 @@ ratio_range() { # "plugin values" "perftest values" -> "1.31-1.52" over the roun
   read -r -a x <<< "$1"; read -r -a p <<< "$2"
   local i out=""
   for i in "${!x[@]}"; do
-    [ -n "${p[$i]:-}" ] && out+=" $(ratio "${x[$i]}" "${p[$i]}")"
+    [ "${p[$i]:--}" != - ] && out+=" $(ratio "${x[$i]}" "${p[$i]}")"
   done
   # shellcheck disable=SC2086
   [ -n "$out" ] && printf '%s\n' $out | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "-" hi}' || echo "-"
@@ -194,7 +195,7 @@ table() {
     echo "| $(human "$b") | ${BWP[$b]:-FAILED} | ${BWX[$b]:-FAILED} | $(ratio "${BWX[$b]:-}" "${BWP[$b]:-}") |"
   done
   echo
-  echo "### $dev: latency, one-way us (t_avg = round trip / 2), $LAT_ITERS iterations, median of $LAT_ROUNDS alternating rounds"
+  echo "### $dev: latency, one-way us (t_avg = round trip / 2), $LAT_ITERS iterations, $LAT_DEPTH receives posted, median of $LAT_ROUNDS alternating rounds"
   echo
   echo "| size | ib_write_lat | plugin (v$API) | plugin / perftest | per-round ratios |"
   echo "| ---: | ---: | ---: | ---: | ---: |"
