@@ -96,7 +96,9 @@ struct send_comm {
     uint32_t post_seq;           /* next slot to post */
     struct send_slot slots[ERDMA_FIFO_DEPTH];
     struct erdma_request reqs[ERDMA_SEND_REQS];
-    int cm_retries;                               /* rdma_cm connects retried (EADDRINUSE) */
+    int cm_retries;        /* rdma_cm connects retried (EADDRINUSE) */
+    int warmup_repeats;    /* rdma_cm mode: warm-ups said again while no clear-to-send came */
+    uint64_t warmup_at_ns; /* when the last one was posted; 0 once a clear-to-send came */
     struct rdma_cm_id *cm_retired[ERDMA_MAX_QPS]; /* ids to destroy once their event is acked */
 };
 

@@ -505,7 +505,16 @@ static int conn_progress(struct conn *c) {
     return 0;
 }
 
-int p2p_send_warmup(struct send_comm *sc) {
+/* On siw, a warm-up that reaches the passive side just as its QP comes up is now and then
+ * not delivered until more data arrives (about one connection in 4,000 in the VM; most
+ * likely a missed socket wake-up), and the receiver, which posts no clear-to-send before it
+ * has seen the warm-up, would wait for ever. So until the first clear-to-send comes, the
+ * warm-up is said again every WARMUP_REPEAT_NS, a few times: each one costs the receiver a
+ * receive it posts again, and its queue has room for them. */
+#define WARMUP_REPEAT_NS 200000000ull
+#define WARMUP_REPEATS   8
+
+static int post_warmups(struct send_comm *sc) {
     for (int q = 0; q < sc->c.nqps; q++) {
         struct ibv_send_wr wr = {.wr_id = wr_id(WR_WARMUP, q, 0),
                                  .opcode = IBV_WR_SEND,
@@ -519,7 +528,26 @@ int p2p_send_warmup(struct send_comm *sc) {
         }
         qp_sq_push(&sc->c.qps[q], 1, true);
     }
+    sc->warmup_at_ns = now_coarse_ns();
     return 0;
+}
+
+static int send_warmup_repeat(struct send_comm *sc) {
+    if (!sc->warmup_at_ns || sc->warmup_repeats >= WARMUP_REPEATS) return 0;
+    if (now_coarse_ns() - sc->warmup_at_ns < WARMUP_REPEAT_NS) return 0;
+    for (int q = 0; q < sc->c.nqps; q++)
+        if (qp_sq_room(&sc->c.qps[q]) < 1) return 0;
+    if (++sc->warmup_repeats == 1)
+        INFO(NCCL_NET,
+             "%s: no clear-to-send from %s %d ms after the warm-up: saying it again, up to %d "
+             "times (a slow receiver, or siw sitting on a SEND that landed as its QP came up)",
+             sc->c.base.dev->name, sc->c.peer, (int)(WARMUP_REPEAT_NS / 1000000), WARMUP_REPEATS);
+    return post_warmups(sc);
+}
+
+int p2p_send_warmup(struct send_comm *sc) {
+    sc->warmup_repeats = 0;
+    return post_warmups(sc);
 }
 
 int p2p_recv_warmup_done(struct recv_comm *rc) {
@@ -544,8 +572,11 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     if (sc->c.error) return sc->c.error;
     uint32_t idx = sc->fifo_seq % ERDMA_FIFO_DEPTH;
     uint32_t want = sc->fifo_seq + 1;
-    if (fifo_entry(sc, idx, 0)->seq != want)
-        return conn_progress(&sc->c); /* receiver not ready: not an error */
+    if (fifo_entry(sc, idx, 0)->seq != want) { /* receiver not ready: not an error */
+        int ret = send_warmup_repeat(sc);
+        return ret ? conn_fail(&sc->c, ret) : conn_progress(&sc->c);
+    }
+    sc->warmup_at_ns = 0; /* the receiver has heard us */
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     int n = fifo_entry(sc, idx, 0)->nreqs;
     if (n < 1 || n > ERDMA_MAX_RECVS) {

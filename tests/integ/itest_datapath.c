@@ -341,6 +341,51 @@ static int sendfirst_send(struct duo *d, void *arg) {
     return send_side_close(&s);
 }
 
+/* ------------------------------------------------------------ scenario: a late first receive
+ * The receiver posts nothing for 2.5 s after accept. In rdma_cm mode the sender says its
+ * warm-up again meanwhile (every 200 ms, 8 times): those extra SENDs must cost nothing. */
+#define LATE_MSGS 40
+
+static int late_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *mh;
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(4096 + SLACK);
+    CHECK(net_regmr(&s.n, s.comm, buf, 4096 + SLACK, &mh) == 0);
+    usleep(2500 * 1000);
+    for (int i = 0; i < LATE_MSGS; i++) {
+        void *data = buf, *req;
+        size_t sz = 4096;
+        int tag = 0, got;
+        memset(buf, CANARY, 4096 + SLACK);
+        CHECK(net_irecv(&s.n, s.comm, 1, &data, &sz, &tag, &mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, &got, TMO) == 0);
+        CHECK(got == 1 + 100 * i && pattern_check(buf, (size_t)got, (uint32_t)i) < 0);
+        for (size_t k = (size_t)got; k < 4096 + SLACK; k++)
+            CHECK(buf[k] == CANARY);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return recv_side_close(&s);
+}
+
+static int late_send(struct duo *d, void *arg) {
+    struct side s;
+    void *mh;
+    CHECK(send_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(4096);
+    CHECK(net_regmr(&s.n, s.comm, buf, 4096, &mh) == 0);
+    for (int i = 0; i < LATE_MSGS; i++) {
+        void *req;
+        pattern_fill(buf, (size_t)(1 + 100 * i), (uint32_t)i);
+        CHECK(net_isend(&s.n, s.comm, buf, (size_t)(1 + 100 * i), 0, mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, NULL, TMO) == 0);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    return send_side_close(&s);
+}
+
 /* ------------------------------------------------------------ scenario: several comms at once */
 #define NCOMMS 3
 static int multicomm_recv(struct duo *d, void *arg) {
@@ -565,6 +610,7 @@ static const struct scenario scenarios[] = {
     {"inflight32_out_of_order", inflight_recv, inflight_send, NULL},
     {"multirecv_pipelined", pipe_recv, pipe_send, NULL},
     {"sender_first", sendfirst_recv, sendfirst_send, NULL},
+    {"late_first_receive", late_recv, late_send, NULL},
     {"several_comms", multicomm_recv, multicomm_send, NULL},
     {"truncation_is_error", trunc_recv, trunc_send, NULL},
     {"close_and_reconnect", rounds_recv, rounds_send, NULL},
@@ -578,6 +624,9 @@ static const struct scenario scenarios[] = {
     {"sizes_cts_unbatched", sizes_recv, sizes_send, "NCCL_ERDMA_CTS_BATCH=1"},
     {"multirecv_pipelined_batch16", pipe_recv, pipe_send, "NCCL_ERDMA_CTS_BATCH=16"},
     {"multirecv_pipelined_3qps", pipe_recv, pipe_send, "NCCL_IB_QPS_PER_CONNECTION=3"},
+    /* rdma_cm on a RoCE device: warm-ups with write-with-imm completions */
+    {"late_first_receive_rdmacm_3qps", late_recv, late_send,
+     "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_IB_QPS_PER_CONNECTION=3"},
 };
 
 struct test_case {
