@@ -635,26 +635,12 @@ struct test_case {
     char name[96];
 };
 
-static void apply_env(const char *env, int set) {
-    if (!env) return;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", env);
-    for (char *save, *kv = strtok_r(buf, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
-        char *eq = strchr(kv, '=');
-        *eq = 0;
-        if (set)
-            setenv(kv, eq + 1, 1);
-        else
-            unsetenv(kv);
-    }
-}
-
 static void run_case(void **state) {
     struct test_case *tc = *state;
     assert_true(in_rdma_vm());
-    apply_env(tc->sc->env, 1);
+    env_apply(tc->sc->env, true);
     int rc = duo_run(tc->sc->recv, tc->sc->send, &tc->cfg, 600);
-    apply_env(tc->sc->env, 0);
+    env_apply(tc->sc->env, false);
     assert_int_equal(rc, 0);
 }
 

@@ -1161,24 +1161,10 @@ struct test_case {
     char name[128];
 };
 
-static void apply_env(const char *env, int set) {
-    if (!env) return;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", env);
-    for (char *save, *kv = strtok_r(buf, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
-        char *eq = strchr(kv, '=');
-        *eq = 0;
-        if (set)
-            setenv(kv, eq + 1, 1);
-        else
-            unsetenv(kv);
-    }
-}
-
 static void run_case(void **state) {
     struct test_case *tc = *state;
     assert_true(in_rdma_vm());
-    apply_env(tc->sc->env, 1);
+    env_apply(tc->sc->env, true);
     int rc;
     double t0 = now_s();
     switch (tc->sc->runner) {
@@ -1192,7 +1178,7 @@ static void run_case(void **state) {
         rc = duo_run(tc->sc->a, tc->sc->b, &tc->cfg, 300);
         break;
     }
-    apply_env(tc->sc->env, 0);
+    env_apply(tc->sc->env, false);
     fprintf(stderr, "  %s: %.1f s\n", tc->name, now_s() - t0);
     assert_int_equal(rc, 0);
 }

@@ -262,3 +262,18 @@ long pattern_check(const uint8_t *buf, size_t len, uint32_t seed) {
     }
     return -1;
 }
+
+void env_apply(const char *env, bool set) {
+    if (!env) return;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", env);
+    for (char *save, *kv = strtok_r(buf, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) continue;
+        *eq = 0;
+        if (set)
+            setenv(kv, eq + 1, 1);
+        else
+            unsetenv(kv);
+    }
+}

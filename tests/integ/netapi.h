@@ -9,6 +9,7 @@
 
 #include "plugin_loader.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,6 +54,9 @@ int duo_run(duo_fn parent, duo_fn child, void *arg, int timeout_s);
 int duo_send(struct duo *d, const void *buf, size_t len);
 int duo_recv(struct duo *d, void *buf, size_t len);
 int duo_barrier(struct duo *d);
+
+/* A scenario's environment, "NAME=VALUE;NAME=VALUE": set (true) or unset (false). */
+void env_apply(const char *env, bool set);
 
 void pattern_fill(uint8_t *buf, size_t len, uint32_t seed);
 /* Returns the first offset that differs from the pattern, or -1. */
