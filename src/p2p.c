@@ -5,11 +5,12 @@
  *
  * Protocol (net_ib's rendezvous): irecv RDMA-writes a clear-to-send entry per
  * buffer into the sender's FIFO slot (seq % 32); while the sender still holds
- * unused ones, several wait and go in one write (see cts_may_wait). isend matches it by tag,
- * RDMA-writes the payload straight into the receive buffer and ends each QP's
- * share with a completion record: WRITE_WITH_IMM (imm = seq) into the
- * receiver's record area, or, on devices without immediates (siw, some
- * iWARP), a SEND of the record. RC ordering places the payload first.
+ * unused ones, several wait and go in one write (see cts_may_wait). isend
+ * matches an entry by tag and RDMA-writes the payload straight into the receive
+ * buffer. Each QP's share ends with a completion: a single buffer's last write
+ * carries the immediate (imm = size); otherwise a record goes to the receiver's
+ * record area by WRITE_WITH_IMM (imm = flag | seq) or, on devices without
+ * immediates (siw, some iWARP), by SEND. RC ordering places the payload first.
  */
 #include "comm.h"
 #include "conn.h"
@@ -183,8 +184,9 @@ static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec
 static uint32_t cts_held(const struct recv_comm *rc) {
     return rc->cts_seq - rc->arrived; /* clear-to-sends the sender has and has not used yet */
 }
-static bool cts_may_wait(const struct recv_comm *rc) {
-    return rc->seq - rc->cts_seq < (uint32_t)rc->cts_batch && cts_held(rc) >= CTS_LOW_WATER;
+static bool cts_may_wait(const struct recv_comm *rc, uint64_t recv_bytes) {
+    return recv_bytes <= CTS_WAIT_MAX && rc->seq - rc->cts_seq < (uint32_t)rc->cts_batch &&
+           cts_held(rc) >= CTS_LOW_WATER;
 }
 
 /* Posts the writes of FIFO slots [first, first + count) as one chain: the first entries of
@@ -654,8 +656,10 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     req->n = n;
     req->seq = seq;
 
+    uint64_t total = 0;
     for (int i = 0; i < n; i++) {
         struct erdma_mr *mr = mhandles[i];
+        total += sizes[i];
         rc->cts[cts_index(idx, i)] = (struct wire_cts){.addr = (uintptr_t)data[i],
                                                        .size = sizes[i],
                                                        .rkey = mr ? mr->mr->rkey : 0,
@@ -670,10 +674,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     slot->got = 0;
     rc->seq++;
     *request = req;
-    uint64_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += sizes[i];
-    int ret = total <= CTS_WAIT_MAX && cts_may_wait(rc) ? 0 : cts_flush(rc);
+    int ret = cts_may_wait(rc, total) ? 0 : cts_flush(rc);
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;
 }
