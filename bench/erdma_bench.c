@@ -512,11 +512,16 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
         if (c->verify) recv_prepare(p->data_recv.ptr, size); /* before the CTS can leave */
         for (uint64_t d = 0; d < depth && d < total; d++)
             rreq[d] = post_recv(n, p->recv_comm, p->data_recv.ptr, size, p->data_recv.mh);
+        double prev_t0 = 0;
         for (uint64_t i = 0; i < total; i++) {
             bool check = c->verify && i == 0;
             unsigned ping_salt = 0x200 + (unsigned)size, pong_salt = 0x300 + (unsigned)size;
             if (check) pattern_fill(p->data_send.ptr, size, client ? ping_salt : pong_salt);
             double t0 = tick_s(), ta, tb, tc;
+            /* a round trip is the time from one ping's post to the next one's, as ib_write_lat
+             * takes it: everything the client does per message counts, its next irecv too */
+            if (client && i > c->lat_warmup) rtt[i - c->lat_warmup - 1] = t0 - prev_t0;
+            prev_t0 = t0;
             void *cur = rreq[i % depth];
             if (client) {
                 void *sreq = post_send(n, p->send_comm, p->data_send.ptr, size, p->data_send.mh);
@@ -532,8 +537,7 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
                 tb = tick_s();
                 wait_req(n, sreq, "ping send", size);
                 tc = tick_s();
-                if (i > c->lat_warmup) {
-                    rtt[i - c->lat_warmup - 1] = t1 - t0;
+                if (i >= c->lat_warmup && i + 1 < total) {
                     phase[0] += ta - t0, phase[1] += t1 - ta, phase[2] += tb - t1,
                         phase[3] += tc - tb;
                 }
