@@ -19,6 +19,7 @@
  * must stay untouched), so a broken transfer cannot produce a number.
  */
 #define _GNU_SOURCE
+#include "bench_clock.h"
 #include "nccl_net_abi.h"
 
 #include <dlfcn.h>
@@ -131,37 +132,6 @@ static void plugin_log(ncclDebugLogLevel level, unsigned long flags, const char 
         ncclResult_t r_ = (call);                                                                  \
         if (r_ != ncclSuccess) die("%s failed: ncclResult %d (line %d)", #call, r_, __LINE__);     \
     } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/*
- * Round-trip stamps read the cycle counter, as perftest does. clock_gettime is
- * a system call wherever the kernel's clocksource has no vDSO path (HPET: the
- * emulated VM), and a few of those per round trip weigh on a 10 us latency.
- */
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-static double g_tick_s; /* seconds per cycle, calibrated against CLOCK_MONOTONIC */
-static void tick_calibrate(void) {
-    double t0 = now_s();
-    uint64_t c0 = __rdtsc();
-    while (now_s() - t0 < 0.05) {
-    }
-    g_tick_s = (now_s() - t0) / (double)(__rdtsc() - c0);
-}
-static double tick_s(void) {
-    return (double)__rdtsc() * g_tick_s;
-}
-#else
-static void tick_calibrate(void) {}
-static double tick_s(void) {
-    return now_s();
-}
-#endif
 
 static void net_open(struct net *n, const struct opts *o) {
     memset(n, 0, sizeof(*n));
@@ -477,11 +447,6 @@ static void run_bw(struct peer *p, const struct bench_cfg *c, bool sender) {
     }
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /*
  * Ping-pong. Like NCCL's proxy, which posts receives for its NCCL_STEPS (8)
  * steps ahead, each side keeps --lat-depth (default 8) receives posted:
@@ -498,8 +463,7 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
         printf("# latency: ping-pong, %" PRIu64 " iterations, %" PRIu64
                " warmup, %d receives pre-posted; one-way = round trip / 2\n",
                c->lat_iters, c->lat_warmup, c->lat_depth);
-        printf("%-6s %12s %10s %12s %12s %14s %12s\n", "#mode", "bytes", "iters", "t_min[us]",
-               "t_max[us]", "t_typical[us]", "t_avg[us]");
+        lat_print_header();
         fflush(stdout);
     }
     for (uint32_t k = 0; k < c->nlat; k++) {
@@ -570,16 +534,7 @@ static void run_lat(struct peer *p, const struct bench_cfg *c, bool client) {
                     size, phase[0] / m, phase[1] / m, phase[2] / m, phase[3] / m);
         }
         memset(phase, 0, sizeof(phase));
-        if (client) {
-            uint64_t m = c->lat_iters;
-            double sum = 0;
-            for (uint64_t i = 0; i < m; i++)
-                sum += rtt[i];
-            qsort(rtt, m, sizeof(double), cmp_double);
-            printf("%-6s %12" PRIu64 " %10" PRIu64 " %12.2f %12.2f %14.2f %12.2f\n", "lat", size, m,
-                   rtt[0] * 0.5e6, rtt[m - 1] * 0.5e6, rtt[m / 2] * 0.5e6, sum / m * 0.5e6);
-            fflush(stdout);
-        }
+        if (client) lat_print_row("lat", size, rtt, c->lat_iters);
     }
 }
 

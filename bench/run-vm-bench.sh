@@ -16,7 +16,9 @@
 #   BENCH_EXTRA [extra erdma_bench flags]
 # Latency drifts by 20-40 % within one boot of the emulated VM, so it is
 # measured LAT_ROUNDS times, perftest and plugin alternating, and the table
-# gives each side's median with the range of the per-round ratios.
+# gives each side's median with the range of the per-round ratios. On RoCE
+# devices each round also runs verbs_floor: the plugin's protocol in raw verbs
+# (write-with-immediate + batched clear-to-sends), the floor the plugin can reach.
 #   PERFTEST_TRIES [3]  perftest retries a failed run (emulated clocks make it exit 1)
 set -euo pipefail
 
@@ -36,10 +38,10 @@ if [ "${1:-}" != --inside ]; then
   done
   cd "$(dirname "$0")/.."
   BUILD_DIR=${BUILD_DIR:-build}
-  for f in "$BUILD_DIR/bench/erdma_bench" "$BUILD_DIR/src/libnccl-net-erdma.so"; do
+  for f in "$BUILD_DIR/bench/erdma_bench" "$BUILD_DIR/bench/verbs_floor" "$BUILD_DIR/src/libnccl-net-erdma.so"; do
     [ -e "$f" ] || { echo "missing $f: build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR -j2)" >&2; exit 2; }
   done
-  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
+  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${LAT_SIZES:+ LAT_SIZES='$LAT_SIZES'}${LAT_ROUNDS:+ LAT_ROUNDS=$LAT_ROUNDS}${LAT_ITERS:+ LAT_ITERS=$LAT_ITERS}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
   if [ -n "$OUT_FILE" ]; then
     mkdir -p "$(dirname "$OUT_FILE")"
     tests/vm/run-in-rdma-vm.sh bench/run-vm-bench.sh --inside "${@:-rxe0 siw0}" | tee "$OUT_FILE"
@@ -54,6 +56,7 @@ shift
 DEVICES=(${*:-rxe0 siw0})
 BUILD_DIR=${BUILD_DIR:-build}
 BENCH=$BUILD_DIR/bench/erdma_bench
+FLOOR=$BUILD_DIR/bench/verbs_floor
 PLUGIN=$BUILD_DIR/src/libnccl-net-erdma.so
 BW_SIZES=${BW_SIZES:-4K 16K 64K 256K 1M 4M 16M 64M}
 LAT_SIZES=${LAT_SIZES:-8 64 512 4K 64K}
@@ -86,6 +89,8 @@ iters_for() { # the same timed bytes as the plugin: max(MIN_ITERS, BW_BYTES / si
 
 dev_ip() { case $1 in rxe0) echo "${RDMA_VM_IP0:-10.77.0.1}" ;; siw0) echo "${RDMA_VM_IP1:-10.78.0.1}" ;; esac; }
 perftest_flags() { case $1 in siw*) echo "-R" ;; *) echo "-x 1" ;; esac; }
+# verbs_floor addresses by GID (RoCE); iWARP connects only through rdma_cm, so siw has none.
+has_floor() { case $1 in siw*) return 1 ;; *) [ -x "$FLOOR" ] ;; esac; }
 
 PORT=18600
 # perftest TOOL DEV ARGS...: prints the client's output; retries up to $TRIES times.
@@ -156,6 +161,12 @@ measure() {
       out=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 6 {print $6; exit}')
       LATPS[$b]+=" ${out:--}" # "-" keeps the rounds aligned when perftest failed
       echo "   $s: ${LATPS[$b]:-FAILED} us" >&2
+      if has_floor "$dev"; then # the protocol's raw-verbs floor, in the same round
+        out=$(timeout 150 "$FLOOR" -d "$dev" -m imm+cts -s "$b" -n "$LAT_ITERS" -D "$LAT_DEPTH" 2>&1) || out=
+        out=$(echo "$out" | awk -v b="$b" '$1 == "imm+cts" && $2 == b {print $7; exit}')
+        LATFS[$b]+=" ${out:--}"
+        echo "   $s: floor ${LATFS[$b]} us" >&2
+      fi
     done
     [ "${PLUGIN_RC[$dev]}" = 0 ] || break
     plugin_bench "$dev" lat || PLUGIN_RC[$dev]=$?
@@ -197,17 +208,24 @@ table() {
   echo
   echo "### $dev: latency, one-way us (t_avg = round trip / 2), $LAT_ITERS iterations, $LAT_DEPTH receives posted, median of $LAT_ROUNDS alternating rounds"
   echo
-  echo "| size | ib_write_lat | plugin (v$API) | plugin / perftest | per-round ratios |"
-  echo "| ---: | ---: | ---: | ---: | ---: |"
-  local lp lx
+  echo "| size | ib_write_lat | floor (raw verbs) | plugin (v$API) | plugin / perftest | per-round ratios | floor / perftest | plugin / floor |"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  local lp lx lf
   for s in $LAT_SIZES; do
     b=$(bytes "$s")
     # shellcheck disable=SC2086
     lp=$(median ${LATPS[$b]:-})
     # shellcheck disable=SC2086
     lx=$(median ${LATXS[$b]:-})
-    echo "| $(human "$b") | ${lp:-FAILED} | ${lx:-FAILED} | $(ratio "$lx" "$lp") | $(ratio_range "${LATXS[$b]:-}" "${LATPS[$b]:-}") |"
+    # shellcheck disable=SC2086
+    lf=$(median ${LATFS[$b]:-})
+    echo "| $(human "$b") | ${lp:-FAILED} | ${lf:--} | ${lx:-FAILED} | $(ratio "$lx" "$lp") | $(ratio_range "${LATXS[$b]:-}" "${LATPS[$b]:-}") | $(ratio "$lf" "$lp") | $(ratio "$lx" "$lf") |"
   done
+  if has_floor "$dev"; then
+    echo
+    echo "floor: \`verbs_floor -m imm+cts -D $LAT_DEPTH\`, the same protocol in raw verbs: write-with-immediate" \
+         "polled on a CQ, plus one batched clear-to-send write per $((LAT_DEPTH - 1)) messages on each side."
+  fi
   if [ "${PLUGIN_RC[$dev]}" != 0 ]; then
     echo
     echo "plugin bench on $dev FAILED (exit ${PLUGIN_RC[$dev]}):"
@@ -225,17 +243,17 @@ REPORT=$LOG/report
        "plugin $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-60)"
   echo "perftest: ib_write_bw -d DEV $(perftest_flags rxe0) (rxe) / -R (siw) -s SIZE -n ITERS;" \
        "ib_write_lat -s SIZE -n $LAT_ITERS; same timed bytes per size as the plugin;" \
-       "latency: $LAT_ROUNDS rounds, perftest then plugin"
+       "latency: $LAT_ROUNDS rounds, perftest, the raw-verbs floor (RoCE only), then the plugin"
 } > "$REPORT"
 
 rc=0
 for dev in "${DEVICES[@]}"; do
   [ -d "/sys/class/infiniband/$dev" ] || { echo "no device $dev in this VM" >&2; rc=1; continue; }
-  declare -A BWP=() LATPS=() BWX=() LATXS=()
+  declare -A BWP=() LATPS=() BWX=() LATXS=() LATFS=()
   measure "$dev"
   [ "${PLUGIN_RC[$dev]}" = 0 ] || rc=1
   table "$dev" >> "$REPORT"
-  unset BWP LATPS BWX LATXS
+  unset BWP LATPS BWX LATXS LATFS
 done
 echo "(measured in ${SECONDS}s inside the VM)" >> "$REPORT"
 echo

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# In the RDMA VM: the README's main job in miniature. erdma_bench moves (and checks) data
+# through the plugin on rxe0 and siw0, and verbs_floor runs each of its modes on rxe0;
+# every run must print its result row. A device that does not exist must fail plainly.
+#   vm_bench_smoke.sh ERDMA_BENCH VERBS_FLOOR PLUGIN
+set -uo pipefail
+BENCH=$1 FLOOR=$2 PLUGIN=$3
+fail=0
+ulimit -l unlimited 2>/dev/null || true
+
+expect_row() { # label, awk condition on the output, command...
+  local label=$1 cond=$2 out rc
+  shift 2
+  out=$(timeout 120 "$@" 2>&1); rc=$?
+  if [ $rc = 0 ] && echo "$out" | awk "$cond {found = 1} END {exit !found}"; then
+    echo "PASS $label"
+  else
+    echo "FAIL $label (exit $rc):"; echo "$out" | tail -n 15 | sed 's/^/    /'; fail=1
+  fi
+}
+
+for mode in write imm imm+cts; do
+  expect_row "verbs_floor $mode on rxe0" "\$1 == \"$mode\" && \$2 == 8 && \$7 > 0" \
+    "$FLOOR" -d rxe0 -m "$mode" -s 8 -n 200
+done
+for dev in rxe0 siw0; do
+  expect_row "erdma_bench latency on $dev" '$1 == "lat" && $2 == 8 && $7 > 0' \
+    "$BENCH" -p "$PLUGIN" -d "$dev" -m lat -S 8,4K -n 200 -t 60
+  expect_row "erdma_bench bandwidth on $dev" '$1 == "bw" && $2 == 1048576 && $4 > 0' \
+    "$BENCH" -p "$PLUGIN" -d "$dev" -m bw -s 64K,1M -B 8M -t 60
+done
+
+out=$("$FLOOR" -d no_such_dev -n 10 2>&1) && { echo "FAIL verbs_floor accepted a missing device"; fail=1; }
+if echo "$out" | grep -q "cannot open RDMA device no_such_dev"; then
+  echo "PASS verbs_floor names a missing device"
+else
+  echo "FAIL verbs_floor on a missing device said: $out"; fail=1
+fi
+exit $fail
