@@ -111,6 +111,21 @@ static void check_rules(const struct xml_node *n, const struct elem_rule *rules,
     }
 }
 
+/* The root element NCCL's loader expects (-EINVAL if not), then every element and attribute
+ * below it against the loader's rules, and the one version NCCL reads. */
+static int check_document(const struct xml_node *root, const char *name, const char *env_var,
+                          const struct elem_rule *rules, struct topo_err *e) {
+    if (strcmp(root->name, name)) {
+        topo_err_add(e, "root element is <%s>, %s needs <%s>", root->name, env_var, name);
+        return -EINVAL;
+    }
+    check_rules(root, rules, e);
+    const char *version = xml_get(root, "version");
+    if (version && strcmp(version, "1"))
+        topo_err_add(e, "<%s version=\"%s\">: NCCL reads version 1 only", name, version);
+    return 0;
+}
+
 static bool parse_int(const char *s, long *out) {
     char *end;
     if (!s || !*s) return false;
@@ -173,14 +188,7 @@ int topo_validate_topology(const struct xml_node *root, struct topo_err *e) {
     int before = e ? e->count : 0;
     struct topo_err local = {0};
     if (!e) e = &local;
-    if (strcmp(root->name, "system")) {
-        topo_err_add(e, "root element is <%s>, NCCL_TOPO_FILE needs <system>", root->name);
-        return -EINVAL;
-    }
-    check_rules(root, topo_rules, e);
-    const char *version = xml_get(root, "version");
-    if (version && strcmp(version, "1"))
-        topo_err_add(e, "<system version=\"%s\">: NCCL reads version 1 only", version);
+    if (check_document(root, "system", "NCCL_TOPO_FILE", topo_rules, e)) return -EINVAL;
 
     const struct xml_node *cpus[64], *pcis[256], *gpus[256], *nets[256];
     int ncpu = collect(root, "cpu", cpus, 64, 0);
@@ -466,14 +474,7 @@ int topo_validate_graph(const struct xml_node *graphs, const struct xml_node *to
     struct topo_err local = {0};
     if (!e) e = &local;
     int before = e->count;
-    if (strcmp(graphs->name, "graphs")) {
-        topo_err_add(e, "root element is <%s>, NCCL_GRAPH_FILE needs <graphs>", graphs->name);
-        return -EINVAL;
-    }
-    check_rules(graphs, graph_rules, e);
-    const char *version = xml_get(graphs, "version");
-    if (version && strcmp(version, "1"))
-        topo_err_add(e, "<graphs version=\"%s\">: NCCL reads version 1 only", version);
+    if (check_document(graphs, "graphs", "NCCL_GRAPH_FILE", graph_rules, e)) return -EINVAL;
     if (e->count > before) return -EINVAL;
     const struct xml_node *tgpus[256], *tnets[256];
     int ntgpu = collect(topo, "gpu", tgpus, 256, 0), ntnet = collect(topo, "net", tnets, 256, 0);

@@ -415,6 +415,16 @@ static void test_validate_graph_rejects(void **state) {
     expect_invalid_graph("typeintra=\"SYS\"", "typeintra=\"QPI\"", "not a path type NCCL knows");
     expect_invalid_graph("<graph id=\"1\"", "<graph id=\"0\"", "a second graph with id 0");
     expect_invalid_graph("<channel>", "<channel x=\"1\">", "NCCL does not read x= on <channel>");
+    expect_invalid_graph("<graphs version=\"1\"", "<graphs version=\"2\"",
+                         "<graphs version=\"2\">: NCCL reads version 1 only");
+
+    struct xml_node *wrong_root = parse("<system version=\"1\"/>"),
+                    *topo = load_shipped("ebmgn9g", "topo");
+    struct topo_err e = {0};
+    assert_int_equal(topo_validate_graph(wrong_root, topo, &e), -EINVAL);
+    assert_non_null(strstr(e.text, "root element is <system>, NCCL_GRAPH_FILE needs <graphs>"));
+    xml_free(wrong_root);
+    xml_free(topo);
 }
 
 static void test_validate_graph_wants_both_nics(void **state) {
