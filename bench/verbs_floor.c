@@ -79,6 +79,16 @@ static void die(const char *fmt, ...) {
     exit(1);
 }
 
+/* A whole decimal number in [lo, hi], or die naming the option. */
+static long parse_num(const char *opt, const char *s, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        die("%s wants a number in %ld .. %ld, not \"%s\"", opt, lo, hi, s);
+    return v;
+}
+
 static void xfer(int fd, void *p, size_t len, bool out) {
     ssize_t r = out ? write(fd, p, len) : read(fd, p, len);
     if (r != (ssize_t)len) die("the other process is gone (pipe %s)", out ? "write" : "read");
@@ -257,16 +267,16 @@ int main(int argc, char **argv) {
             o.dev = optarg;
             break;
         case 'x':
-            o.gid_index = atoi(optarg);
+            o.gid_index = (int)parse_num("-x", optarg, 0, 255);
             break;
         case 's':
-            o.size = strtoull(optarg, NULL, 0);
+            o.size = (size_t)parse_num("-s", optarg, 1, BUF_BYTES / 4);
             break;
         case 'n':
-            o.iters = atoi(optarg);
+            o.iters = (int)parse_num("-n", optarg, 1, MAX_ITERS);
             break;
         case 'D':
-            o.depth = atoi(optarg);
+            o.depth = (int)parse_num("-D", optarg, 2, 32);
             break;
         case 'H':
             header = true;
@@ -290,10 +300,6 @@ int main(int argc, char **argv) {
         }
     }
     if (!o.dev) die("-d DEV is required");
-    if (o.size < 1 || 2 * o.size + (size_t)o.depth * CTS_ENTRY > BUF_BYTES)
-        die("-s must be 1 .. %d bytes", BUF_BYTES / 4);
-    if (o.iters < 1 || o.iters > MAX_ITERS) die("-n must be 1 .. %d", MAX_ITERS);
-    if (o.depth < 2 || o.depth > 32) die("-D must be 2 .. 32");
 
     int to_client[2], to_server[2];
     if (pipe(to_client) || pipe(to_server)) die("pipe: %s", strerror(errno));

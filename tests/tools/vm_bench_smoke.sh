@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # In the RDMA VM: the README's main job in miniature. erdma_bench moves (and checks) data
 # through the plugin on rxe0 and siw0, and verbs_floor runs each of its modes on rxe0;
-# every run must print its result row. A device that does not exist must fail plainly.
+# every run must print its result row. A missing device or a malformed number fails plainly.
 #   vm_bench_smoke.sh ERDMA_BENCH VERBS_FLOOR PLUGIN
 set -uo pipefail
 BENCH=$1 FLOOR=$2 PLUGIN=$3
@@ -35,5 +35,11 @@ if echo "$out" | grep -q "cannot open RDMA device no_such_dev"; then
   echo "PASS verbs_floor names a missing device"
 else
   echo "FAIL verbs_floor on a missing device said: $out"; fail=1
+fi
+out=$("$FLOOR" -d rxe0 -n 12x 2>&1) && { echo "FAIL verbs_floor accepted -n 12x"; fail=1; }
+if echo "$out" | grep -q 'wants a number in 1 .. 100000, not "12x"'; then
+  echo "PASS verbs_floor rejects a malformed number"
+else
+  echo "FAIL verbs_floor on -n 12x said: $out"; fail=1
 fi
 exit $fail
