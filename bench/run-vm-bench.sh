@@ -12,11 +12,12 @@
 # Environment (defaults in brackets):
 #   BUILD_DIR [build]  BW_SIZES [4K 16K 64K 256K 1M 4M 16M 64M]
 #   LAT_SIZES [8 64 512 4K 64K]  BW_BYTES [64M timed bytes per size]
-#   LAT_ITERS [1000]  LAT_ROUNDS [3]  LAT_DEPTH [8 receives posted]  WINDOW [16]  API [12]
+#   LAT_ITERS [1000]  LAT_ROUNDS [3]  BW_ROUNDS [3]  LAT_DEPTH [8 receives posted]  WINDOW [16]  API [12]
 #   BENCH_EXTRA [extra erdma_bench flags]
-# Latency drifts by 20-40 % within one boot of the emulated VM, so it is
-# measured LAT_ROUNDS times, perftest and plugin alternating, and the table
-# gives each side's median with the range of the per-round ratios. On RoCE
+# Latency drifts by 20-40 % within one boot of the emulated VM, and bandwidth
+# drops by as much for seconds at a time, so both are measured in rounds
+# (LAT_ROUNDS, BW_ROUNDS), perftest and plugin alternating, and the table gives
+# each side's median with the range of the per-round ratios. On RoCE
 # devices each round also runs verbs_floor: the plugin's protocol in raw verbs
 # (write-with-immediate + batched clear-to-sends), the floor the plugin can reach.
 #   PERFTEST_TRIES [3]  perftest retries a failed run (emulated clocks make it exit 1)
@@ -41,7 +42,7 @@ if [ "${1:-}" != --inside ]; then
   for f in "$BUILD_DIR/bench/erdma_bench" "$BUILD_DIR/bench/verbs_floor" "$BUILD_DIR/src/libnccl-net-erdma.so"; do
     [ -e "$f" ] || { echo "missing $f: build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR -j2)" >&2; exit 2; }
   done
-  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${LAT_SIZES:+ LAT_SIZES='$LAT_SIZES'}${LAT_ROUNDS:+ LAT_ROUNDS=$LAT_ROUNDS}${LAT_ITERS:+ LAT_ITERS=$LAT_ITERS}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
+  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${LAT_SIZES:+ LAT_SIZES='$LAT_SIZES'}${LAT_ROUNDS:+ LAT_ROUNDS=$LAT_ROUNDS}${BW_ROUNDS:+ BW_ROUNDS=$BW_ROUNDS}${LAT_ITERS:+ LAT_ITERS=$LAT_ITERS}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
   if [ -n "$OUT_FILE" ]; then
     mkdir -p "$(dirname "$OUT_FILE")"
     tests/vm/run-in-rdma-vm.sh bench/run-vm-bench.sh --inside "${@:-rxe0 siw0}" | tee "$OUT_FILE"
@@ -63,6 +64,7 @@ LAT_SIZES=${LAT_SIZES:-8 64 512 4K 64K}
 BW_BYTES=${BW_BYTES:-64M}
 LAT_ITERS=${LAT_ITERS:-1000}
 LAT_ROUNDS=${LAT_ROUNDS:-3}
+BW_ROUNDS=${BW_ROUNDS:-3}
 LAT_DEPTH=${LAT_DEPTH:-8}
 WINDOW=${WINDOW:-16}
 API=${API:-12}
@@ -115,8 +117,9 @@ perftest() {
   return 1
 }
 
-# Runs the plugin bench on DEV in MODE (bw|lat) with the sizes set; reads its table into
-# BWX[size] or the list LATXS[size]. Returns the bench's exit status.
+# Runs the plugin bench on DEV in MODE (bw|lat) with the sizes set and appends this round's
+# figure for every size to the lists BWX[size] or LATXS[size] ("-" where it printed none,
+# which keeps the rounds aligned). Returns the bench's exit status.
 plugin_bench() {
   local dev=$1 mode=$2 list lat_list rc=0
   list=$(echo "$BW_SIZES" | tr ' ' ','); lat_list=$(echo "$LAT_SIZES" | tr ' ' ',')
@@ -129,30 +132,38 @@ plugin_bench() {
   sed 's/^/   /' "$LOG/bench.$dev" >&2
   [ -s "$LOG/bench.$dev.err" ] && sed 's/^/   stderr: /' "$LOG/bench.$dev.err" | head -n 20 >&2
   # (no process substitution: the VM has no /dev/fd)
-  local m size f4 f7
+  local m size f4 f7 s b
+  declare -A got=()
   while read -r m size _ f4 _ _ f7 _; do
     case $m in
-      bw) BWX[$size]=$f4 ;;
-      lat) LATXS[$size]+=" $f7" ;;
+      bw) [ "$mode" = bw ] && got[$size]=$f4 ;;
+      lat) [ "$mode" = lat ] && got[$size]=$f7 ;;
     esac
   done < "$LOG/bench.$dev"
+  for s in $([ "$mode" = bw ] && echo "$BW_SIZES" || echo "$LAT_SIZES"); do
+    b=$(bytes "$s")
+    if [ "$mode" = bw ]; then BWX[$b]+=" ${got[$b]:--}"; else LATXS[$b]+=" ${got[$b]:--}"; fi
+  done
   return $rc
 }
 
-# Fills BWP[size] / BWX[size] (perftest / plugin bandwidth) and the lists LATPS[size] /
-# LATXS[size] (one latency per round) for one device.
+# Fills, for one device, the lists (one figure per round, "-" where a run failed)
+# BWP[size] / BWX[size] (perftest / plugin bandwidth), LATPS[size] / LATXS[size] (latency)
+# and LATFS[size] (the raw-verbs floor's latency).
 measure() {
   local dev=$1 s b n out r
-  echo "== $dev: perftest ib_write_bw ($(perftest_flags "$dev"), default tx depth)" >&2
-  for s in $BW_SIZES; do
-    b=$(bytes "$s"); n=$(iters_for "$b")
-    if out=$(perftest ib_write_bw "$dev" -s "$b" -n "$n"); then
-      BWP[$b]=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 4 {print $4; exit}')
-    fi
-    echo "   $s: ${BWP[$b]:-FAILED} MB/s" >&2
-  done
   PLUGIN_RC[$dev]=0
-  plugin_bench "$dev" bw || PLUGIN_RC[$dev]=$?
+  for r in $(seq 1 "$BW_ROUNDS"); do
+    echo "== $dev: perftest ib_write_bw ($(perftest_flags "$dev"), default tx depth), round $r of $BW_ROUNDS" >&2
+    for s in $BW_SIZES; do
+      b=$(bytes "$s"); n=$(iters_for "$b")
+      out=$(perftest ib_write_bw "$dev" -s "$b" -n "$n") || out=
+      out=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 4 {print $4; exit}')
+      BWP[$b]+=" ${out:--}"
+      echo "   $s: ${BWP[$b]} MB/s" >&2
+    done
+    plugin_bench "$dev" bw || { PLUGIN_RC[$dev]=$?; break; }
+  done
   for r in $(seq 1 "$LAT_ROUNDS"); do
     echo "== $dev: perftest ib_write_lat, round $r of $LAT_ROUNDS" >&2
     for s in $LAT_SIZES; do
@@ -197,13 +208,18 @@ ratio() { # plugin perftest -> "0.97" or "-"
 table() {
   local dev=$1 s b
   echo
-  echo "### $dev: bandwidth, MB/s (decimal, 'BW average'), window $WINDOW, $BW_BYTES per size"
+  echo "### $dev: bandwidth, MB/s (decimal, 'BW average'), window $WINDOW, $BW_BYTES per size, median of $BW_ROUNDS alternating rounds"
   echo
-  echo "| size | ib_write_bw | plugin (v$API) | plugin / perftest |"
-  echo "| ---: | ---: | ---: | ---: |"
+  echo "| size | ib_write_bw | plugin (v$API) | plugin / perftest | per-round ratios |"
+  echo "| ---: | ---: | ---: | ---: | ---: |"
+  local bp bx
   for s in $BW_SIZES; do
     b=$(bytes "$s")
-    echo "| $(human "$b") | ${BWP[$b]:-FAILED} | ${BWX[$b]:-FAILED} | $(ratio "${BWX[$b]:-}" "${BWP[$b]:-}") |"
+    # shellcheck disable=SC2086
+    bp=$(median ${BWP[$b]:-})
+    # shellcheck disable=SC2086
+    bx=$(median ${BWX[$b]:-})
+    echo "| $(human "$b") | ${bp:-FAILED} | ${bx:-FAILED} | $(ratio "$bx" "$bp") | $(ratio_range "${BWX[$b]:-}" "${BWP[$b]:-}") |"
   done
   echo
   echo "### $dev: latency, one-way us (t_avg = round trip / 2), $LAT_ITERS iterations, $LAT_DEPTH receives posted, median of $LAT_ROUNDS alternating rounds"
@@ -243,7 +259,7 @@ REPORT=$LOG/report
        "plugin $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-60)"
   echo "perftest: ib_write_bw -d DEV $(perftest_flags rxe0) (rxe) / -R (siw) -s SIZE -n ITERS;" \
        "ib_write_lat -s SIZE -n $LAT_ITERS; same timed bytes per size as the plugin;" \
-       "latency: $LAT_ROUNDS rounds, perftest, the raw-verbs floor (RoCE only), then the plugin"
+       "bandwidth: $BW_ROUNDS rounds, perftest then plugin; latency: $LAT_ROUNDS rounds, perftest, the raw-verbs floor (RoCE only), then the plugin"
 } > "$REPORT"
 
 rc=0
