@@ -158,7 +158,7 @@ measure() {
     for s in $BW_SIZES; do
       b=$(bytes "$s"); n=$(iters_for "$b")
       out=$(perftest ib_write_bw "$dev" -s "$b" -n "$n") || out=
-      out=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 4 {print $4; exit}')
+      out=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 4 {print $4; exit}' | finite)
       BWP[$b]+=" ${out:--}"
       echo "   $s: ${BWP[$b]} MB/s" >&2
     done
@@ -169,12 +169,12 @@ measure() {
     for s in $LAT_SIZES; do
       b=$(bytes "$s")
       out=$(perftest ib_write_lat "$dev" -s "$b" -n "$LAT_ITERS") || out=
-      out=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 6 {print $6; exit}')
+      out=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 6 {print $6; exit}' | finite)
       LATPS[$b]+=" ${out:--}" # "-" keeps the rounds aligned when perftest failed
       echo "   $s: ${LATPS[$b]:-FAILED} us" >&2
       if has_floor "$dev"; then # the protocol's raw-verbs floor, in the same round
         out=$(timeout 150 "$FLOOR" -d "$dev" -m imm+cts -s "$b" -n "$LAT_ITERS" -D "$LAT_DEPTH" 2>&1) || out=
-        out=$(echo "$out" | awk -v b="$b" '$1 == "imm+cts" && $2 == b {print $7; exit}')
+        out=$(echo "$out" | awk -v b="$b" '$1 == "imm+cts" && $2 == b {print $7; exit}' | finite)
         LATFS[$b]+=" ${out:--}"
         echo "   $s: floor ${LATFS[$b]} us" >&2
       fi
@@ -183,6 +183,10 @@ measure() {
     plugin_bench "$dev" lat || PLUGIN_RC[$dev]=$?
   done
 }
+
+# Passes a figure on only when it is a positive finite number: under emulation ib_write_lat
+# now and then reports "inf" (its clock calibration), which is a failed run, not a value.
+finite() { awk '$1 ~ /^[0-9]*\.?[0-9]+$/ && $1 + 0 > 0 {print $1}'; }
 
 median() { # values... ("-" = no value) -> the median, or nothing
   printf '%s\n' "$@" | { grep -v '^-$' || true; } | sort -g |
@@ -194,7 +198,7 @@ ratio_range() { # "plugin values" "perftest values" -> "1.31-1.52" over the roun
   read -r -a x <<< "$1"; read -r -a p <<< "$2"
   local i out=""
   for i in "${!x[@]}"; do
-    [ "${p[$i]:--}" != - ] && out+=" $(ratio "${x[$i]}" "${p[$i]}")"
+    [ "${p[$i]:--}" != - ] && [ "${x[$i]:--}" != - ] && out+=" $(ratio "${x[$i]}" "${p[$i]}")"
   done
   # shellcheck disable=SC2086
   [ -n "$out" ] && printf '%s\n' $out | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "-" hi}' || echo "-"
