@@ -331,8 +331,8 @@ static void qp_share(const struct conn *c, uint64_t size, int q, int used, uint6
     *len = start < size ? (size - start < chunk ? size - start : chunk) : 0;
 }
 
-static int wrs_for(uint64_t len, uint32_t max_msg) {
-    return len ? (int)((len + max_msg - 1) / max_msg) : 0;
+static uint64_t wrs_for(uint64_t len, uint32_t max_msg) {
+    return len ? (len + max_msg - 1) / max_msg : 0;
 }
 
 /* Posts one matched slot. 1 posted, 0 no send-queue room yet, -errno failed. */
@@ -344,13 +344,21 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
     int first = c->split ? 0 : (int)(slot->seq % (uint32_t)c->nqps);
 
     for (int u = 0; u < used; u++) {
-        int need = 1;
+        uint64_t need = 1;
         for (int i = 0; i < slot->n; i++) {
             uint64_t off, len;
             qp_share(c, slot->sends[i].size, u, used, &off, &len);
             need += wrs_for(len, c->max_msg);
         }
-        if (qp_sq_room(&c->qps[first + u]) < need) return 0;
+        struct qp_ctx *q = &c->qps[first + u];
+        if (need > (uint64_t)q->sq_depth) { /* would wait for room that never comes */
+            WARN("%s: a send of %llu bytes to %s needs %llu work requests of at most %u bytes "
+                 "on QP %u, whose send queue holds %d",
+                 c->base.dev->name, (unsigned long long)slot->sends[0].size, c->peer,
+                 (unsigned long long)need, c->max_msg, q->qp->qp_num, q->sq_depth);
+            return conn_fail(c, -EMSGSIZE);
+        }
+        if ((uint64_t)qp_sq_room(q) < need) return 0;
     }
 
     /* single buffer, size fits the immediate: no separate completion record */
@@ -593,6 +601,13 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
         memset(slot, 0, sizeof(*slot));
         slot->seq = sc->fifo_seq;
         slot->n = n;
+    } else if (n != slot->n) {
+        /* the slot's shape was fixed by its first isend: a peer that rewrites it would get
+         * a slot posted with unmatched entries, or one that never completes */
+        WARN("%s: %s rewrote its clear-to-send #%u from %d to %d buffers while we were "
+             "sending into it",
+             sc->c.base.dev->name, sc->c.peer, sc->fifo_seq, slot->n, n);
+        return conn_fail(&sc->c, -EPROTO);
     }
     int i;
     for (i = 0; i < n; i++)

@@ -17,6 +17,10 @@
 #define WIRE_VERSION     2           /* 2: buffer-major clear-to-send FIFO */
 #define ERDMA_MAX_QPS    16
 #define ERDMA_FIFO_DEPTH NCCL_NET_MAX_REQUESTS
+/* The smallest max_msg_sz a peer may announce. Every RDMA device allows far more (eRDMA,
+ * rxe and siw 2 GiB); a tiny value would split one message into more work requests than a
+ * send queue holds, and the send could never be posted. */
+#define WIRE_MIN_MSG_SZ (1u << 20)
 
 /* NCCL treats the handle as opaque bytes; ours must fit its 128. */
 struct wire_handle {
