@@ -49,10 +49,10 @@ struct fake_mr {
 
 struct fake_cq {
     struct ibv_cq cq;
-    struct ibv_wc *ring;
-    uint32_t *release; /* per entry: send-queue position it frees (send completions) */
+    struct ibv_wc *ring; /* allocated: alloc entries, grown on demand up to cap */
+    uint32_t *release;   /* per entry: send-queue position it frees (send completions) */
     struct fake_qp **owner;
-    int cap, head, count;
+    int cap, alloc, head, count;
     bool overflowed;
 };
 
@@ -69,7 +69,7 @@ struct fake_qp {
     uint32_t dest_qpn;
     bool error;
     uint32_t posted, released; /* send-queue positions: WRs posted / freed by polled CQEs */
-    struct fake_recv rq[FAKE_RQ_MAX];
+    struct fake_recv *rq;      /* cap.max_recv_wr entries */
     int rq_head, rq_count;
 };
 
@@ -78,6 +78,7 @@ static struct fake_dev devs[FAKE_MAX_DEVICES];
 static int ndevs;
 static struct fake_mr *mrs[FAKE_MAX_MRS];
 static struct fake_qp *qps[FAKE_MAX_QPS];
+static int mrs_hi, qps_hi; /* one past the highest slot ever used: loops stop there */
 static uint32_t next_key = 0x1000, next_qpn = 0x11;
 static int live_ctx, live_pd, live_mr, live_cq, live_qp;
 static int post_errors, fail_next_post;
@@ -191,6 +192,7 @@ static struct ibv_mr *f_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int ac
     next_key += 0x101;
     m->access = access;
     mrs[i] = m;
+    if (i >= mrs_hi) mrs_hi = i + 1;
     live_mr++;
     pthread_mutex_unlock(&lock);
     return &m->mr;
@@ -198,7 +200,7 @@ static struct ibv_mr *f_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int ac
 
 static int f_dereg_mr(struct ibv_mr *mr) {
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < FAKE_MAX_MRS; i++)
+    for (int i = 0; i < mrs_hi; i++)
         if (mrs[i] == (struct fake_mr *)mr) mrs[i] = NULL;
     live_mr--;
     pthread_mutex_unlock(&lock);
@@ -209,7 +211,7 @@ static int f_dereg_mr(struct ibv_mr *mr) {
 /* The region of pd that key names and that covers [addr, addr + len) with access. */
 static struct fake_mr *mr_find(struct ibv_pd *pd, uint32_t key, uint64_t addr, uint64_t len,
                                int access) {
-    for (int i = 0; i < FAKE_MAX_MRS; i++) {
+    for (int i = 0; i < mrs_hi; i++) {
         struct fake_mr *m = mrs[i];
         if (!m || m->mr.lkey != key || m->mr.pd != pd) continue;
         uint64_t lo = (uintptr_t)m->mr.addr, hi = lo + m->mr.length;
@@ -230,9 +232,6 @@ static struct ibv_cq *f_create_cq(struct ibv_context *ctx, int cqe, void *cq_con
         return NULL;
     }
     c->cap = cqe;
-    c->ring = calloc((size_t)cqe, sizeof(*c->ring));
-    c->release = calloc((size_t)cqe, sizeof(*c->release));
-    c->owner = calloc((size_t)cqe, sizeof(*c->owner));
     c->cq.context = ctx;
     c->cq.cqe = cqe;
     pthread_mutex_lock(&lock);
@@ -260,7 +259,28 @@ static void cq_push(struct ibv_cq *cq, const struct ibv_wc *wc, struct fake_qp *
         c->overflowed = true; /* a NIC raises IBV_EVENT_CQ_ERR and the QPs die */
         return;
     }
-    int at = (c->head + c->count) % c->cap;
+    if (c->count == c->alloc) { /* grow, unrolling the ring to start at 0 */
+        int n = c->alloc ? 2 * c->alloc : 64;
+        if (n > c->cap) n = c->cap;
+        struct ibv_wc *ring = calloc((size_t)n, sizeof(*ring));
+        uint32_t *rel = calloc((size_t)n, sizeof(*rel));
+        struct fake_qp **owner = calloc((size_t)n, sizeof(*owner));
+        for (int i = 0; i < c->count; i++) {
+            int from = (c->head + i) % c->alloc;
+            ring[i] = c->ring[from];
+            rel[i] = c->release[from];
+            owner[i] = c->owner[from];
+        }
+        free(c->ring);
+        free(c->release);
+        free(c->owner);
+        c->ring = ring;
+        c->release = rel;
+        c->owner = owner;
+        c->alloc = n;
+        c->head = 0;
+    }
+    int at = (c->head + c->count) % c->alloc;
     c->ring[at] = *wc;
     c->owner[at] = sq_owner;
     c->release[at] = release;
@@ -278,7 +298,7 @@ static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
     while (got < n && c->count > 0) {
         wc[got++] = c->ring[c->head];
         if (c->owner[c->head]) c->owner[c->head]->released = c->release[c->head];
-        c->head = (c->head + 1) % c->cap;
+        c->head = (c->head + 1) % c->alloc;
         c->count--;
     }
     pthread_mutex_unlock(&lock);
@@ -287,7 +307,7 @@ static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
 
 /* ---------------------------------------------------------------- QPs */
 static struct fake_qp *qp_by_num(uint32_t qpn) {
-    for (int i = 0; i < FAKE_MAX_QPS; i++)
+    for (int i = 0; i < qps_hi; i++)
         if (qps[i] && qps[i]->qp.qp_num == qpn) return qps[i];
     return NULL;
 }
@@ -300,12 +320,14 @@ static struct ibv_qp *f_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
     }
     struct fake_qp *q = calloc(1, sizeof(*q));
     if (!q) return NULL;
+    q->rq = calloc(a->cap.max_recv_wr ? a->cap.max_recv_wr : 1, sizeof(*q->rq));
     pthread_mutex_lock(&lock);
     int i;
     for (i = 0; i < FAKE_MAX_QPS && qps[i]; i++)
         ;
     if (i == FAKE_MAX_QPS) {
         pthread_mutex_unlock(&lock);
+        free(q->rq);
         free(q);
         errno = ENOMEM;
         return NULL;
@@ -319,6 +341,7 @@ static struct ibv_qp *f_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
     q->qp.state = IBV_QPS_RESET;
     q->cap = a->cap;
     qps[i] = q;
+    if (i >= qps_hi) qps_hi = i + 1;
     live_qp++;
     pthread_mutex_unlock(&lock);
     return &q->qp;
@@ -343,10 +366,15 @@ static int f_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
 
 static int f_destroy_qp(struct ibv_qp *qp) {
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < FAKE_MAX_QPS; i++)
+    struct fake_cq *c = (struct fake_cq *)qp->send_cq; /* its completions outlive it */
+    for (int i = 0; i < c->count; i++)
+        if (c->owner[(c->head + i) % c->alloc] == (struct fake_qp *)qp)
+            c->owner[(c->head + i) % c->alloc] = NULL;
+    for (int i = 0; i < qps_hi; i++)
         if (qps[i] == (struct fake_qp *)qp) qps[i] = NULL;
     live_qp--;
     pthread_mutex_unlock(&lock);
+    free(((struct fake_qp *)qp)->rq);
     free(qp);
     return 0;
 }
@@ -361,7 +389,7 @@ static int f_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_rec
             pthread_mutex_unlock(&lock);
             return ENOMEM;
         }
-        struct fake_recv *r = &q->rq[(q->rq_head + q->rq_count++) % FAKE_RQ_MAX];
+        struct fake_recv *r = &q->rq[(q->rq_head + q->rq_count++) % (int)q->cap.max_recv_wr];
         *r = (struct fake_recv){.wr_id = wr->wr_id, .nsge = wr->num_sge};
         if (wr->num_sge) {
             r->addr = wr->sg_list[0].addr;
@@ -376,7 +404,7 @@ static int f_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_rec
 static bool rq_pop(struct fake_qp *q, struct fake_recv *out) {
     if (!q->rq_count) return false;
     *out = q->rq[q->rq_head];
-    q->rq_head = (q->rq_head + 1) % FAKE_RQ_MAX;
+    q->rq_head = (q->rq_head + 1) % (int)q->cap.max_recv_wr;
     q->rq_count--;
     return true;
 }
@@ -620,6 +648,7 @@ void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg) {
     }
     memset(mrs, 0, sizeof(mrs));
     memset(qps, 0, sizeof(qps));
+    mrs_hi = qps_hi = 0;
     live_ctx = live_pd = live_mr = live_cq = live_qp = 0;
     post_errors = fail_next_post = 0;
     struct verbs_api api = {
@@ -654,17 +683,17 @@ void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg) {
 
 int fake_verbs_uninstall(void) {
     verbs_install_fake(NULL);
-    for (int i = 0; i < FAKE_MAX_MRS; i++)
+    for (int i = 0; i < mrs_hi; i++)
         if (mrs[i]) free(mrs[i]), mrs[i] = NULL;
-    for (int i = 0; i < FAKE_MAX_QPS; i++)
-        if (qps[i]) free(qps[i]), qps[i] = NULL;
+    for (int i = 0; i < qps_hi; i++)
+        if (qps[i]) free(qps[i]->rq), free(qps[i]), qps[i] = NULL;
+    mrs_hi = qps_hi = 0;
     return live_ctx + live_pd + live_mr + live_cq + live_qp;
 }
 
 int fake_env_start(int ndev, const struct fake_dev_cfg *cfg, const char *const *env) {
     for (int id = 0; id < PARAM_COUNT; id++)
         unsetenv(param_name(id));
-    setenv("NCCL_SOCKET_IFNAME", "lo", 1);
     for (int i = 0; env && env[i]; i++) {
         char name[128];
         const char *eq = strchr(env[i], '=');
@@ -676,7 +705,14 @@ int fake_env_start(int ndev, const struct fake_dev_cfg *cfg, const char *const *
     params_load();
     sysfs_set_root("/nonexistent-erdma-fake-sysfs");
     fake_verbs_install(ndev, cfg);
-    return devices_discover();
+    int n = devices_discover();
+    /* the fake devices have no netdev in sysfs: give them lo's address, as find_ipv4 would */
+    for (int i = 0; i < n; i++) {
+        struct erdma_device *d = device_get(i);
+        d->ip.sin_family = AF_INET;
+        d->ip.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    }
+    return n;
 }
 
 int fake_env_stop(void) {
@@ -731,6 +767,13 @@ int fake_cq_pending(struct ibv_cq *cq) {
 
 bool fake_cq_overflowed(struct ibv_cq *cq) {
     return ((struct fake_cq *)cq)->overflowed;
+}
+
+int fake_live_qps_cqs(void) {
+    pthread_mutex_lock(&lock);
+    int n = live_qp + live_cq;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 int fake_post_errors(void) {

@@ -34,8 +34,9 @@ void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg);
 int fake_verbs_uninstall(void);
 
 /* The usual host-test environment: params from a clean environment plus extra
- * NAME=VALUE pairs (NULL-terminated, may be NULL), sysfs pointed nowhere, the OOB on
- * lo, the fake installed and devices discovered. Returns devices_discover()'s value. */
+ * NAME=VALUE pairs (NULL-terminated, may be NULL), sysfs pointed nowhere, the fake
+ * installed and devices discovered, each with 127.0.0.1 as its netdev's address. Returns
+ * devices_discover()'s value. */
 int fake_env_start(int ndev, const struct fake_dev_cfg *cfg, const char *const *env);
 /* Releases the devices and uninstalls; returns leaked objects (0 is good). */
 int fake_env_stop(void);
@@ -57,6 +58,8 @@ int fake_cq_pending(struct ibv_cq *cq);
 bool fake_cq_overflowed(struct ibv_cq *cq);
 /* Errors a NIC would have refused at post time (bad inline size, SQ overflow...). */
 int fake_post_errors(void);
+/* QPs and CQs alive now (a closed comm must leave none of its own). */
+int fake_live_qps_cqs(void);
 /* Queues an async event for device dev (async thread tests). */
 void fake_async_event(int dev, enum ibv_event_type type, int port);
 /* Next post_send on any QP fails with this errno (0: none). */

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include "comm.h"
 #include "conn.h"
+#include "device.h"
 #include "fake_verbs.h"
 #include "net.h"
 #include "unit_log.h"
@@ -273,6 +274,172 @@ static void test_message_beyond_send_queue(void **state) {
     close_pair(&p);
 }
 
+/* ---- the receiver's side: records and immediates the peer chooses ---- */
+
+/* One receive of 4 KiB on tag 1, its clear-to-send posted. */
+static void *post_one_recv(struct pair *p, char **buf, void **mh) {
+    *buf = calloc(1, 4096);
+    *mh = reg(p->rc, *buf, 4096);
+    void *data[1] = {*buf}, *mhs[1] = {*mh}, *req = NULL;
+    size_t sizes[1] = {4096};
+    int tags[1] = {1};
+    assert_int_equal(erdma_irecv(p->rc, 1, data, sizes, tags, mhs, &req), 0);
+    assert_non_null(req);
+    return req;
+}
+
+static void expect_recv_fails(struct pair *p, void *req, int err, const char *what) {
+    int rc = wait_req(req, NULL);
+    if (rc != err) unit_log_print();
+    assert_int_equal(rc, err);
+    assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", what);
+}
+
+static void hostile_recv_case_err(uint32_t opcode, uint32_t imm, const void *bytes, uint32_t len,
+                                  const struct wire_record *rec, int err, const char *what) {
+    struct pair p;
+    char *buf;
+    void *mh;
+    connect_pair(&p, 0, 0);
+    void *req = post_one_recv(&p, &buf, &mh);
+    if (rec) memcpy(&p.rc->rec_area[0], rec, sizeof(*rec));
+    unit_log_count = 0;
+    assert_int_equal(fake_inject_recv(p.rc->c.qps[0].qp, opcode, imm, bytes, len), 0);
+    expect_recv_fails(&p, req, err, what);
+    erdma_dereg_mr(p.rc, mh);
+    free(buf);
+    close_pair(&p);
+}
+
+static void hostile_recv_case(uint32_t opcode, uint32_t imm, const void *bytes, uint32_t len,
+                              const struct wire_record *rec, const char *what) {
+    hostile_recv_case_err(opcode, imm, bytes, len, rec, -EPROTO, what);
+}
+
+static void test_peer_imm_size_beyond_buffer(void **state) {
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 4097, NULL, 0, NULL, "4097 bytes into buffer");
+}
+
+static void test_peer_imm_record_wrong_seq(void **state) {
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 0x80000000u | 5, NULL, 0, NULL,
+                      "unexpected completion");
+}
+
+static void test_peer_record_bad_count(void **state) {
+    struct wire_record r = {.seq = 0, .n = 200};
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 0x80000000u, NULL, 0, &r, "200 buffers");
+}
+
+static void test_peer_record_bad_seq(void **state) {
+    struct wire_record r = {.seq = 77, .n = 1, .sizes = {10}};
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 0x80000000u, NULL, 0, &r, "sequence 77");
+}
+
+/* Write-with-imm receives have no buffer: a SEND with data fails at the NIC (length
+ * error), and the connection with it. */
+static void test_peer_send_in_imm_mode(void **state) {
+    struct wire_record r = {.seq = 0, .n = 1, .sizes = {10}};
+    hostile_recv_case_err(IBV_WC_RECV, 0, &r, sizeof(r), NULL, -EREMOTEIO, "receive on QP");
+}
+
+static int setup_send_mode(void **state) {
+    const char *env[] = {"NCCL_ERDMA_COMPLETION=send", NULL};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    assert_int_equal(device_get(0)->completion, COMPLETION_SEND);
+    return 0;
+}
+
+static void test_send_mode_roundtrip_and_hostile_ring(void **state) {
+    test_roundtrip(state);
+    struct wire_record r = {.seq = 0, .n = 1, .sizes = {5000}};
+    hostile_recv_case(IBV_WC_RECV, 0, &r, sizeof(r), NULL, "5000 bytes into buffer");
+    hostile_recv_case(IBV_WC_RECV, 0, &r, 5, NULL, "unexpected completion"); /* short */
+    r.sizes[0] = 1;
+    r.n = 9;
+    hostile_recv_case(IBV_WC_RECV, 0, &r, sizeof(r), NULL, "9 buffers");
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 1, NULL, 0, NULL, "unexpected completion");
+}
+
+/* ---- the sender's side: FIFO fields out of range ---- */
+
+static void test_peer_fifo_fields(void **state) {
+    static const struct {
+        int field; /* 0 nreqs, 1 rkey, 2 addr, 3 size */
+        uint64_t value;
+        int err;
+        const char *what;
+    } cases[] = {
+        {0, 0, -EPROTO, "announces 0 buffers"},
+        {0, 9, -EPROTO, "announces 9 buffers"},
+        {0, 65535, -EPROTO, "announces 65535 buffers"},
+        {1, 0xdeadbeef, -EREMOTEIO, "payload write"}, /* the NIC refuses the key */
+        {2, 0x10, -EREMOTEIO, "payload write"},       /* outside the peer's region */
+        {3, 100, -EMSGSIZE, "buffer holds 100"},      /* our send is larger */
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        struct pair p;
+        char *rbuf, *sbuf = calloc(1, 4096);
+        void *rmh;
+        connect_pair(&p, 0, 0);
+        void *rreq = post_one_recv(&p, &rbuf, &rmh);
+        void *smh = reg(p.sc, sbuf, 4096), *sreq = NULL;
+        volatile struct wire_cts *e = slot0(&p);
+        switch (cases[k].field) {
+        case 0:
+            e->nreqs = (uint16_t)cases[k].value;
+            break;
+        case 1:
+            e->rkey = (uint32_t)cases[k].value;
+            break;
+        case 2:
+            e->addr = cases[k].value;
+            break;
+        default:
+            e->size = cases[k].value;
+        }
+        unit_log_count = 0;
+        int rc = erdma_isend(p.sc, sbuf, 4096, 1, smh, &sreq);
+        if (!rc && sreq) rc = wait_req(sreq, NULL);
+        if (rc != cases[k].err) unit_log_print();
+        assert_int_equal(rc, cases[k].err);
+        assert_logged(NCCL_LOG_WARN, "fake0", cases[k].what);
+        (void)rreq;
+        erdma_dereg_mr(p.sc, smh);
+        erdma_dereg_mr(p.rc, rmh);
+        free(sbuf);
+        free(rbuf);
+        close_pair(&p);
+    }
+}
+
+/* ---- shapes: several QPs, split data, the flush read ---- */
+
+static int setup_split(void **state) {
+    const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=3", "NCCL_IB_SPLIT_DATA_ON_QPS=1",
+                         "NCCL_ERDMA_FORCE_FLUSH=1", NULL};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    return 0;
+}
+
+static void test_split_and_flush(void **state) {
+    test_roundtrip(state);
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    assert_int_equal(p.sc->c.nqps, 3);
+    assert_true(p.rc->flush_ready);
+    char *buf = calloc(1, 4096);
+    void *mh = reg(p.rc, buf, 4096), *req = NULL, *data[1] = {buf}, *mhs[1] = {mh};
+    int sizes[1] = {4096};
+    assert_int_equal(erdma_iflush(p.rc, 1, data, sizes, mhs, &req), 0);
+    assert_non_null(req);
+    assert_int_equal(wait_req(req, NULL), 1);
+    erdma_dereg_mr(p.rc, mh);
+    free(buf);
+    close_pair(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip, setup_one, teardown_env),
@@ -281,6 +448,15 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_peer_max_msg_tiny, setup_tiny_msg_peer, teardown_env),
         cmocka_unit_test_setup_teardown(test_message_beyond_send_queue, setup_small_sq,
                                         teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_imm_size_beyond_buffer, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_imm_record_wrong_seq, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_record_bad_count, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_record_bad_seq, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_send_in_imm_mode, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_send_mode_roundtrip_and_hostile_ring, setup_send_mode,
+                                        teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_fifo_fields, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_split_and_flush, setup_split, teardown_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
