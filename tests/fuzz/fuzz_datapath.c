@@ -27,7 +27,7 @@
 
 #define ARENA     (64 * 1024)
 #define MAX_OUT   64
-#define MAX_STEPS 256
+#define MAX_STEPS 96
 
 struct input {
     const uint8_t *p;

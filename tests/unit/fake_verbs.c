@@ -615,7 +615,9 @@ void fake_async_event(int dev, enum ibv_event_type type, int port) {
         struct ibv_async_event *ev = &c->events[c->nevents++];
         memset(ev, 0, sizeof(*ev));
         ev->event_type = type;
-        ev->element.port_num = port;
+        if (type == IBV_EVENT_PORT_ERR || type == IBV_EVENT_PORT_ACTIVE ||
+            type == IBV_EVENT_LID_CHANGE || type == IBV_EVENT_GID_CHANGE)
+            ev->element.port_num = port; /* other events name a QP/CQ: left NULL */
     }
     pthread_mutex_unlock(&lock);
     (void)!write(c->pipe_wr, "e", 1);
