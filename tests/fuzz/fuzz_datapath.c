@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define ARENA     (64 * 1024)
 #define MAX_OUT   64
@@ -238,6 +239,10 @@ static int uses;
 
 static void pair_close(void) {
     if (!sc) return;
+    /* a reset, not a close: no TIME_WAIT per pair, or a long run exhausts loopback ports */
+    struct linger l = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(sc->c.fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+    setsockopt(rc->c.fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
     erdma_dereg_mr(sc, smh);
     erdma_dereg_mr(rc, rmh);
     if (erdma_close_send(sc) || erdma_close_recv(rc)) abort();
