@@ -15,7 +15,9 @@ struct listen_comm {
     struct rdma_event_channel *cm_ch; /* rdma_cm mode: listener events */
     struct rdma_cm_id *cm_id;
     struct sockaddr_in cm_addr;
-    struct accept_state *pending;
+    struct accept_state *pending;     /* the peer whose valid hello is being served */
+    struct accept_state **candidates; /* accepted sockets still owing a hello */
+    int ncandidates;
 };
 
 uint64_t now_ns(void);

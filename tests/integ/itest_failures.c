@@ -673,7 +673,6 @@ static int stray_main(struct duo *d, void *arg) {
                 accept_failures++;
             }
         }
-        if (fd >= 0) close(fd);
         CHECK(log_has_warn()); /* the stray was noticed and named */
         CHECK(log_contains(c->dev));
         fprintf(stderr, "%s: %d accept error(s); log:\n%s", stray_names[k], accept_failures,
@@ -689,6 +688,7 @@ static int stray_main(struct duo *d, void *arg) {
             if (!rc) CHECK(n.p.v12->accept(lc, &rc, &(ncclNetDeviceHandle_t *){NULL}) == 0);
         }
         CHECK(sc && rc);
+        if (fd >= 0) close(fd); /* held until the real peer got through */
         uint8_t *sb = page_alloc(SMALL), *rb = page_alloc(SMALL);
         void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data = rb;
         size_t len = SMALL;
@@ -710,6 +710,77 @@ static int stray_main(struct duo *d, void *arg) {
         figure("stray TCP client (%s) on %s: dropped, listener still accepts a real peer",
                stray_names[k], c->dev);
     }
+    CHECK(net_close_listen(&n, lc) == 0);
+    net_close(&n);
+    return 0;
+}
+
+/* Port scanners and health probes connect and say nothing. With the default connect timeout,
+ * a real peer behind 8 such idle clients (held open all along) and two half-open ones (a
+ * partial hello, garbage) must get through in well under the timeout: accept serves every
+ * candidate at once instead of waiting on the first one. */
+#define IDLE_STRAYS 8
+static int idle_strays_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc, *sc = NULL, *rc = NULL;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    int fds[IDLE_STRAYS + 2];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    const struct wire_handle *h = (const void *)handle;
+    for (int i = 0; i < IDLE_STRAYS; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        CHECK(fds[i] >= 0);
+        CHECK(connect(fds[i], (const struct sockaddr *)&h->addr, sizeof(h->addr)) == 0);
+    }
+    fds[IDLE_STRAYS] = stray_connect(handle, STRAY_HOLD); /* a partial hello, held */
+    CHECK(fds[IDLE_STRAYS] >= 0);
+    fds[IDLE_STRAYS + 1] = socket(AF_INET, SOCK_STREAM, 0); /* garbage, held */
+    CHECK(fds[IDLE_STRAYS + 1] >= 0);
+    CHECK(connect(fds[IDLE_STRAYS + 1], (const struct sockaddr *)&h->addr, sizeof(h->addr)) == 0);
+    static const char junk[200] = "GET / HTTP/1.0";
+    CHECK(write(fds[IDLE_STRAYS + 1], junk, sizeof(junk)) == (ssize_t)sizeof(junk));
+    /* the listener takes the strays in first */
+    double t0 = now_s();
+    while (now_s() < t0 + 0.3) {
+        CHECK(n.p.v12->accept(lc, &rc, &(ncclNetDeviceHandle_t *){NULL}) == 0);
+        CHECK(rc == NULL);
+    }
+    t0 = now_s();
+    double deadline = t0 + TMO;
+    while ((!sc || !rc) && now_s() < deadline) {
+        if (!sc)
+            CHECK(n.p.v12->connect(n.ctx, n.dev, handle, &sc, &(ncclNetDeviceHandle_t *){NULL}) ==
+                  0);
+        if (!rc) CHECK(n.p.v12->accept(lc, &rc, &(ncclNetDeviceHandle_t *){NULL}) == 0);
+    }
+    double t = now_s() - t0;
+    figure("real peer behind %d idle TCP clients + 2 half-open ones on %s (default timeout): "
+           "connected in %.2f s",
+           IDLE_STRAYS, c->dev, t);
+    CHECK(sc && rc);
+    CHECK(t < 2.0);
+    uint8_t *sb = page_alloc(SMALL), *rb = page_alloc(SMALL);
+    void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data = rb;
+    size_t len = SMALL;
+    int tag = 0, got = -1;
+    pattern_fill(sb, 777, 5);
+    CHECK(net_regmr(&n, sc, sb, SMALL, &smh) == 0);
+    CHECK(net_regmr(&n, rc, rb, SMALL, &rmh) == 0);
+    CHECK(net_irecv(&n, rc, 1, &data, &len, &tag, &rmh, &rreq, TMO) == 0);
+    CHECK(net_isend(&n, sc, sb, 777, 0, smh, &sreq, TMO) == 0);
+    CHECK(net_wait(&n, sreq, NULL, TMO) == 0);
+    CHECK(net_wait(&n, rreq, &got, TMO) == 0);
+    CHECK(got == 777 && pattern_check(rb, 777, 5) < 0);
+    CHECK(net_deregmr(&n, sc, smh) == 0);
+    CHECK(net_deregmr(&n, rc, rmh) == 0);
+    CHECK(net_close_send(&n, sc) == 0);
+    CHECK(net_close_recv(&n, rc) == 0);
+    free(sb);
+    free(rb);
+    for (int i = 0; i < IDLE_STRAYS + 2; i++)
+        close(fds[i]);
     CHECK(net_close_listen(&n, lc) == 0);
     net_close(&n);
     return 0;
@@ -1143,6 +1214,7 @@ static const struct scenario scenarios[] = {
      "NCCL_ERDMA_CONNECT_TIMEOUT=2"},
     {"input/bad_handles", RUN_SOLO, bad_handles_main, NULL, NULL},
     {"input/stray_tcp_clients", RUN_SOLO, stray_main, NULL, "NCCL_ERDMA_CONNECT_TIMEOUT=2"},
+    {"input/real_peer_behind_idle_clients", RUN_SOLO, idle_strays_main, NULL, NULL},
     {"input/regmr_unmapped", RUN_SOLO, regmr_bad_main, NULL, NULL},
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
