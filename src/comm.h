@@ -71,6 +71,8 @@ struct conn {
     int error;        /* sticky -errno once the connection is broken */
     uint64_t polls_since_check;
     uint64_t last_check_ns;
+    /* the device's port_downs when this connection was made */
+    unsigned port_downs;
     struct rdma_event_channel *cm_ch;
 };
 

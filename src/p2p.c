@@ -462,6 +462,8 @@ static int conn_check_health(struct conn *c) {
     if (t - c->last_check_ns < LIVENESS_NS) return 0;
     c->last_check_ns = t;
     int fatal = __atomic_load_n(&c->base.dev->fatal, __ATOMIC_ACQUIRE);
+    if (!fatal && __atomic_load_n(&c->base.dev->port_downs, __ATOMIC_ACQUIRE) != c->port_downs)
+        fatal = -ENETDOWN; /* the port went down and came back: this connection's QPs did not */
     if (fatal) {
         WARN("%s: connection with %s fails because the device reported %s", c->base.dev->name,
              c->peer, fatal == -ENETDOWN ? "its port down" : "a fatal error");
