@@ -255,6 +255,12 @@ static int connect_apply_reply(struct connect_state *st, struct erdma_device *de
         snprintf(why, sizeof(why), "reply for another connection (nonce or QP count differ)");
         rc = -EPROTO;
     }
+    if (!rc && m->connect_mode != dev->connect_mode) {
+        snprintf(why, sizeof(why), "reply in %s mode to our %s-mode hello",
+                 m->connect_mode == CONNECT_GID ? "GID" : "rdma_cm",
+                 dev->connect_mode == CONNECT_GID ? "GID" : "rdma_cm");
+        rc = -EPROTO;
+    }
     if (!rc && m->completion == COMPLETION_IMM && dev->completion == COMPLETION_SEND) {
         snprintf(why, sizeof(why), "peer chose write-with-imm completions we cannot do");
         rc = -EPROTO;
@@ -664,6 +670,10 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
         rc = oob_recv_progress(as->rc->c.fd, &as->msg, sizeof(as->msg), &as->io_done);
         if (rc <= 0) return rc;
         rc = wire_msg_check(&as->msg, MSG_READY, why, sizeof(why));
+        if (!rc && as->msg.nonce != lc->nonce) {
+            snprintf(why, sizeof(why), "it is for another connection (nonce differs)");
+            rc = -EPROTO;
+        }
         if (rc) {
             WARN("%s: bad ready message from %s: %s", dev->name, as->peer, why);
             return rc;

@@ -17,15 +17,18 @@
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int init_refs;
+static pid_t init_pid; /* the process whose init opened the devices */
 
 int erdma_init(ncclDebugLogger_t logger) {
     int rc = 0;
     pthread_mutex_lock(&init_lock);
     erdma_log_set(logger);
     if (init_refs++ > 0) goto out;
+    init_pid = getpid();
 
     int bad = params_load();
     params_dump();
@@ -74,6 +77,10 @@ void erdma_finalize(void) {
 /* NCCL >= 2.26 may dlclose() the plugin without a finalize (v8-v10 have none). */
 __attribute__((destructor)) static void erdma_unload(void) {
     pthread_mutex_lock(&init_lock);
+    /* A forked child that exits inherited the parent's state but not its async thread: its
+     * stop pipe and verbs file descriptors are the parent's, and releasing through them would
+     * stop the parent's thread and destroy the parent's resources. */
+    if (init_refs > 0 && getpid() != init_pid) init_refs = 0;
     if (init_refs > 0) release_all();
     init_refs = 0;
     erdma_log_set(NULL);
