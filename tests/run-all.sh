@@ -2,17 +2,20 @@
 # Runs every test on a fresh machine: installs what it needs (apt packages and the
 # VM kernel cache), builds with warnings as errors, runs the unit tests on the host
 # and the integration tests inside the RDMA VM (rxe0 + siw0), then the same
-# integration suite again under AddressSanitizer + UBSan.
+# integration suite again under AddressSanitizer + UBSan, and the threaded cases under
+# ThreadSanitizer.
 # Fails when any test fails, is skipped, or did not run; nothing is retried (a flaky
 # test is a bug), and a suite that runs zero cases fails.
 #
 #   tests/run-all.sh            everything
-#   ERDMA_SKIP_ASAN=1 ...       skip the sanitizer pass (local iteration only)
+#   ERDMA_SKIP_ASAN=1 ...       skip the ASan pass (local iteration only)
+#   ERDMA_SKIP_TSAN=1 ...       skip the ThreadSanitizer pass (local iteration only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=${ERDMA_BUILD_DIR:-$ROOT/build-ci}
 ASAN_BUILD=${ERDMA_ASAN_BUILD_DIR:-$ROOT/build-asan}
+TSAN_BUILD=${ERDMA_TSAN_BUILD_DIR:-$ROOT/build-tsan}
 LOGDIR=$BUILD/test-logs
 
 step() { printf '\n=== %s\n' "$*"; }
@@ -62,6 +65,19 @@ if [ "${ERDMA_SKIP_ASAN:-0}" != 1 ]; then
   check_log "$LOGDIR/vm-asan.log"
 else
   echo "WARNING: ASan pass skipped (ERDMA_SKIP_ASAN=1)"
+fi
+
+if [ "${ERDMA_SKIP_TSAN:-0}" != 1 ]; then
+  step "threaded cases under ThreadSanitizer (RDMA VM)"
+  # regMr/deregMr while another thread sends, v11 init/finalize of several communicators
+  # at once (vm_threads), and the async-event thread through a port flap (vm_async).
+  build "$TSAN_BUILD" -DERDMA_TSAN=ON -DERDMA_FUZZ=OFF
+  if ! tests/vm/run-in-rdma-vm.sh env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+      ctest --no-tests=error --test-dir "$TSAN_BUILD" -R '^vm_(threads|async)$' --output-on-failure 2>&1 | tee "$LOGDIR/vm-tsan.log"; then fail=1; fi
+  check_log "$LOGDIR/vm-tsan.log"
+  if ! grep -q '2/2 Test' "$LOGDIR/vm-tsan.log"; then echo "FAIL: the TSan pass did not run both tests"; fail=1; fi
+else
+  echo "WARNING: TSan pass skipped (ERDMA_SKIP_TSAN=1)"
 fi
 
 if [ $fail != 0 ]; then echo; echo "run-all: FAILED"; exit 1; fi
