@@ -65,7 +65,11 @@ static void handle_event(struct ibv_context *ctx, const struct ibv_async_event *
             TRACE(NCCL_NET, "%s: async event %s", d->name, what);
             break;
         }
-        return; /* several ports share a context: the event names its port */
+        /* several ports (devices) share a context: a port event is checked against each
+         * one's port above; any other event is reported once */
+        if (ev->event_type != IBV_EVENT_PORT_ERR && ev->event_type != IBV_EVENT_PORT_ACTIVE &&
+            ev->event_type != IBV_EVENT_DEVICE_FATAL)
+            return;
     }
 }
 

@@ -133,6 +133,7 @@ struct recv_comm {
     struct qp_ctx flush_peer;
     struct rdma_cm_id *flush_listen;
     struct rdma_event_channel *flush_ch;
+    int flush_up; /* rdma_cm loopback: ends established (2 = ready) */
     struct erdma_request reqs[ERDMA_RECV_REQS];
 };
 

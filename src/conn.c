@@ -428,7 +428,15 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
 }
 
 /* ------------------------------------------------------------ accept */
-enum accept_stage { AS_TCP_ACCEPT, AS_RECV_HELLO, AS_SEND_REPLY, AS_CM, AS_RECV_READY, AS_WARMUP };
+enum accept_stage {
+    AS_TCP_ACCEPT,
+    AS_RECV_HELLO,
+    AS_SEND_REPLY,
+    AS_CM,
+    AS_CM_FLUSH,
+    AS_RECV_READY,
+    AS_WARMUP
+};
 
 struct accept_state {
     struct recv_comm *rc;
@@ -658,9 +666,17 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
     case AS_CM:
         rc = cm_accept_progress(lc, as->rc, lc->nonce);
         if (rc <= 0) return rc;
+        as->stage = AS_RECV_READY;
         if (flush_wanted(dev)) {
-            rc = cm_flush_loopback(as->rc);
+            rc = cm_flush_start(as->rc);
             if (rc) return rc;
+            as->stage = AS_CM_FLUSH;
+        }
+        /* fall through */
+    case AS_CM_FLUSH:
+        if (as->stage == AS_CM_FLUSH) { /* bounded by the handshake's deadline */
+            rc = cm_flush_progress(as->rc);
+            if (rc <= 0) return rc;
         }
         as->stage = AS_RECV_READY;
         as->io_done = 0;

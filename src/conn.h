@@ -36,7 +36,9 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
 int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce);
 /* The flush loopback in rdma_cm mode: a QP connected to a QP of our own through the NIC.
  * Local only, so it completes within milliseconds; bounded by a 5 s deadline. */
-int cm_flush_loopback(struct recv_comm *rc);
+int cm_flush_start(struct recv_comm *rc);
+/* 1 when the loopback is up, 0 not yet, -errno. Never blocks. */
+int cm_flush_progress(struct recv_comm *rc);
 void cm_flush_release(struct recv_comm *rc);
 /* Drains the comm's rdma_cm events: -ECONNRESET once the peer disconnected, else 0. */
 int cm_poll_disconnect(struct conn *c);
