@@ -427,6 +427,22 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
     return 0;
 }
 
+void erdma_connect_sweep(void) {
+    pthread_mutex_lock(&connect_lock);
+    struct connect_state *st = connect_states;
+    connect_states = NULL;
+    pthread_mutex_unlock(&connect_lock);
+    while (st) {
+        struct connect_state *next = st->next;
+        INFO(NCCL_NET, "%s: releasing an unfinished connect to %s", st->sc->c.base.dev->name,
+             st->sc->c.peer);
+        /* NCCL's handle buffer may be gone by now: its state slot is not touched */
+        send_comm_free(st->sc);
+        free(st);
+        st = next;
+    }
+}
+
 /* ------------------------------------------------------------ accept */
 enum accept_stage {
     AS_TCP_ACCEPT,

@@ -63,7 +63,8 @@ out:
 }
 
 static void release_all(void) {
-    async_stop(); /* before the devices it watches */
+    erdma_connect_sweep(); /* abandoned connects hold QPs, CQs and MRs of the devices */
+    async_stop();          /* before the devices it watches */
     devices_release();
     verbs_close();
 }

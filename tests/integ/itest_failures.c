@@ -1232,6 +1232,32 @@ static int reload_main(struct duo *d, void *arg) {
     return usage_compare("init/finalize/dlclose", c, cycles, &a, &b, 0);
 }
 
+/* NCCL abandons a connect on abort: it stops calling connect() before it completes. The
+ * socket, QPs, CQ and control region of that connect are released at finalize. */
+static int abandoned_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct usage a, b;
+    const int cycles = 5;
+    for (int i = 0; i <= cycles; i++) {
+        struct netapi n;
+        void *lc, *sc = NULL;
+        char handle[NCCL_NET_HANDLE_MAXSIZE];
+        if (i == 1) usage_take(&a, 1);
+        CHECK(net_open(&n, c->version, c->dev) == 0);
+        CHECK(net_listen(&n, handle, &lc) == 0);
+        for (int k = 0; k < 20; k++) { /* the hello goes out; accept is never called */
+            CHECK(n.p.v12->connect(n.ctx, n.dev, handle, &sc, &(ncclNetDeviceHandle_t *){NULL}) ==
+                  0);
+            CHECK(sc == NULL);
+            usleep(5000);
+        }
+        CHECK(net_close_listen(&n, lc) == 0);
+        net_close(&n);
+    }
+    usage_take(&b, 1);
+    return usage_compare("abandoned connect, finalize", c, cycles, &a, &b, 0);
+}
+
 /* ------------------------------------------------------------ scenarios: packet loss
  * Needs tests/vm/loss_setup.sh (run by tests/vm/loss_test.sh inside the VM): rxl0 on vl0
  * (10.79.0.1) and rxl1 on vl1 (10.79.0.2), a veth pair. RoCE packets rxl0 -> rxl1 leave
@@ -1396,6 +1422,7 @@ static const struct scenario scenarios[] = {
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
     {"hygiene/forked_child_exits", RUN_SOLO, forked_child_main, NULL, NULL},
+    {"hygiene/abandoned_connect", RUN_SOLO, abandoned_main, NULL, NULL},
     {"hygiene/plugin_reload_cycles", RUN_SOLO, reload_main, NULL, NULL},
 };
 
