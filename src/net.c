@@ -15,6 +15,7 @@
 #include "verbs.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,8 +46,16 @@ int erdma_init(ncclDebugLogger_t logger) {
         verbs_close();
         goto fail;
     }
-    topo_autoselect(); /* never fails init: logs why when it leaves NCCL alone */
-    mtu_guard_run();
+    /* Both may setenv() NCCL variables, and setenv can race with getenv in threads the
+     * application or NCCL already runs: it is done at the first init of the process only
+     * (NCCL's first communicator, before its own threads read these variables), never at a
+     * later re-init after a finalize (v11's per-communicator init). */
+    static bool env_exported;
+    if (!env_exported) {
+        env_exported = true;
+        topo_autoselect(); /* never fails init: logs why when it leaves NCCL alone */
+        mtu_guard_run();
+    }
     rc = async_start();
     if (rc) {
         devices_release();
