@@ -54,12 +54,12 @@ check_log "$LOGDIR/vm.log"
 if [ "${ERDMA_SKIP_ASAN:-0}" != 1 ]; then
   step "integration tests under ASan + UBSan (RDMA VM)"
   build "$ASAN_BUILD" -DERDMA_SANITIZE=ON
-  # 200 connect/close cycles instead of 1,000: ASan slows siw's connection churn ~3x, and
-  # the full count already ran above without it.
+  # The full 1,000 connect/close cycles (the siw0 accept stall once seen at ~700 under ASan
+  # is found and fixed: docs/failures.md).
   # Leaks are not judged here: the tests dlclose() the plugin and rdma-core, so LeakSanitizer
   # sees only unsymbolised frames of unloaded libraries. Leak checks are valgrind's job
   # (tests/vm/valgrind-datapath.sh) and the resource-hygiene test's.
-  if ! tests/vm/run-in-rdma-vm.sh env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ITEST_NO_RSS=1 ITEST_CYCLES=200 \
+  if ! tests/vm/run-in-rdma-vm.sh env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ITEST_NO_RSS=1 \
       UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
       ctest --no-tests=error --test-dir "$ASAN_BUILD" -L vm -E 'deb|doctor|valgrind|loss' --output-on-failure 2>&1 | tee "$LOGDIR/vm-asan.log"; then fail=1; fi
   check_log "$LOGDIR/vm-asan.log"
