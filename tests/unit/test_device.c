@@ -603,7 +603,8 @@ static int async_queued, async_taken;
 
 static int fake_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev) {
     char c;
-    if (async_taken >= async_queued || read(ctx->async_fd, &c, 1) != 1) {
+    if (async_taken >= __atomic_load_n(&async_queued, __ATOMIC_ACQUIRE) ||
+        read(ctx->async_fd, &c, 1) != 1) {
         errno = EAGAIN;
         return -1;
     }
@@ -618,8 +619,9 @@ static const char *fake_event_type_str(enum ibv_event_type type) {
 }
 
 static void async_post(int wfd, enum ibv_event_type type, int port) {
-    async_queue[async_queued++] =
+    async_queue[async_queued] =
         (struct ibv_async_event){.event_type = type, .element.port_num = port};
+    __atomic_store_n(&async_queued, async_queued + 1, __ATOMIC_RELEASE);
     assert_int_equal(write(wfd, "e", 1), 1);
 }
 
