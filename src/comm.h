@@ -72,6 +72,8 @@ struct conn {
     uint64_t polls_since_check;
     uint64_t last_check_ns;
     uint64_t peer_bye_ns; /* when the peer's goodbye was first seen; 0 before */
+    /* the device's port_downs when this connection was made */
+    unsigned port_downs;
     struct rdma_event_channel *cm_ch;
 };
 
@@ -132,6 +134,7 @@ struct recv_comm {
     struct qp_ctx flush_peer;
     struct rdma_cm_id *flush_listen;
     struct rdma_event_channel *flush_ch;
+    int flush_up; /* rdma_cm loopback: ends established (2 = ready) */
     struct erdma_request reqs[ERDMA_RECV_REQS];
 };
 

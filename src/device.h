@@ -55,6 +55,9 @@ struct erdma_device {
     uint32_t max_msg_sz;
     struct mr_cache *mrs;
     int fatal; /* -errno set by the async-event thread: device fatal, port down */
+    /* Counts port-down events: a connection made before the last one is broken even once
+     * the port is active again (its QPs went to the error state), a later one is not. */
+    unsigned port_downs;
 };
 
 /* What getProperties reports, version-independent; plugin.c copies it out. */

@@ -8,8 +8,9 @@
 
 static ncclDebugLogger_t nccl_logger;
 
+/* Every init (v11: one per communicator) sets it while other threads log: atomic. */
 void erdma_log_set(ncclDebugLogger_t logger) {
-    nccl_logger = logger;
+    __atomic_store_n(&nccl_logger, logger, __ATOMIC_RELEASE);
 }
 
 static int stderr_wants(ncclDebugLogLevel level) {
@@ -29,8 +30,9 @@ void erdma_log(ncclDebugLogLevel level, unsigned long flags, const char *file, i
     va_start(ap, fmt);
     vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
     va_end(ap);
-    if (nccl_logger) {
-        nccl_logger(level, flags, file, line, "%s", msg);
+    ncclDebugLogger_t logger = __atomic_load_n(&nccl_logger, __ATOMIC_ACQUIRE);
+    if (logger) {
+        logger(level, flags, file, line, "%s", msg);
     } else if (stderr_wants(level)) {
         fprintf(stderr, "%s %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
     }

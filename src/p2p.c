@@ -472,6 +472,8 @@ static int conn_check_health(struct conn *c) {
     if (t - c->last_check_ns < LIVENESS_NS) return 0;
     c->last_check_ns = t;
     int fatal = __atomic_load_n(&c->base.dev->fatal, __ATOMIC_ACQUIRE);
+    if (!fatal && __atomic_load_n(&c->base.dev->port_downs, __ATOMIC_ACQUIRE) != c->port_downs)
+        fatal = -ENETDOWN; /* the port went down and came back: this connection's QPs did not */
     if (fatal) {
         WARN("%s: connection with %s fails because the device reported %s", c->base.dev->name,
              c->peer, fatal == -ENETDOWN ? "its port down" : "a fatal error");
@@ -721,12 +723,17 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
     for (int i = 0; i < n; i++)
         if (sizes[i] > 0 && mhandles[i]) last = i;
     if (last < 0) return 0;
-    if (qp_sq_room(&rc->flush_qp) < 1) {
-        WARN("%s: more than %d flushes in flight", rc->c.base.dev->name, rc->flush_qp.sq_depth);
-        return -EAGAIN;
+    /* NCCL reads a NULL flush request as "done", so "try again" cannot be said here; with
+     * at most NCCL_NET_MAX_REQUESTS receives and as many flushes in flight neither limit is
+     * reached: a caller that does is misusing the API (ENOBUFS: ncclInvalidUsage). */
+    struct erdma_request *req = NULL;
+    if (qp_sq_room(&rc->flush_qp) >= 1) req = req_alloc(rc->reqs, ERDMA_RECV_REQS, rc, REQ_FLUSH);
+    if (!req) {
+        WARN("%s: iflush with %d receives and flushes already in flight (at most %d each): "
+             "test() the earlier requests first",
+             rc->c.base.dev->name, ERDMA_RECV_REQS, ERDMA_FIFO_DEPTH);
+        return -ENOBUFS;
     }
-    struct erdma_request *req = req_alloc(rc->reqs, ERDMA_RECV_REQS, rc, REQ_FLUSH);
-    if (!req) return -EAGAIN;
     struct erdma_mr *mr = mhandles[last];
     /* An RDMA read of our own buffer completes only after earlier PCIe writes into it did. */
     struct ibv_sge sge = {

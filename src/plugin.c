@@ -24,6 +24,7 @@ static ncclResult_t to_nccl(int rc) {
         return ncclInvalidArgument;
     case EBADMSG: /* a handle that is not ours, or corrupted */
     case EALREADY:
+    case ENOBUFS: /* more requests in flight than the API allows */
         return ncclInvalidUsage;
     case ECONNRESET:
     case ECONNREFUSED:
