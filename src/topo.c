@@ -447,16 +447,16 @@ int topo_autoselect(void) {
                  candidates[i], e.count, why, topo_path);
             continue;
         }
-        if (setenv("NCCL_TOPO_FILE", topo_path, 0) || setenv("NCCL_GRAPH_FILE", graph_path, 0)) {
-            unsetenv("NCCL_TOPO_FILE");
-            INFO(NCCL_INIT, "topology: setenv failed (%s); NCCL detects it", strerror(errno));
-            return 0;
-        }
-        INFO(NCCL_INIT | NCCL_ENV, "topology: %s node (%s), NCCL_TOPO_FILE=%s NCCL_GRAPH_FILE=%s",
+        /* NCCL's own topology code rejects the shipped topology (it lacks the CPU attributes
+         * each rank fills in since 2.22, so fused trees keep bare CPUs) and the shipped graphs
+         * claim bandwidths NCCL's model does not give this node: neither is set until a
+         * file is proven against NCCL's code (issue 12). */
+        INFO(NCCL_INIT,
+             "topology: %s node (%s); the shipped files are not set (NCCL rejects the topology "
+             "file, the graph is unverified): NCCL detects it",
              candidates[i],
-             param_is_set(P_ERDMA_INSTANCE_TYPE) ? "NCCL_ERDMA_INSTANCE_TYPE" : "by its shape",
-             topo_path, graph_path);
-        return 1;
+             param_is_set(P_ERDMA_INSTANCE_TYPE) ? "NCCL_ERDMA_INSTANCE_TYPE" : "by its shape");
+        return 0;
     }
     return 0;
 }
