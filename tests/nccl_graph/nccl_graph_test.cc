@@ -583,12 +583,33 @@ static void run_case(const ng_case &c, const ng_expect &e, bool negative = false
     remove_tree();
 }
 
+/* NCCL_TOPO_FILE=FILE on the Intel family tree: 0 and NCCL's WARN when NCCL's init fails. */
+static int topo_file_fails(const char *file) {
+    ng_case c = {
+        "intel-spr, 2 nodes, NCCL_TOPO_FILE", CPU_INTEL_SPR, {0x16, 0x96}, true, false, 2, 2};
+    cur = c;
+    build_tree(c);
+    setenv("NCCL_TOPO_FILE", file, 1);
+    int failed = run_ranks();
+    unsetenv("NCCL_TOPO_FILE");
+    remove_tree();
+    printf("case %s=%s: %d rank(s) failed%s%s%s\n", c.name, file, failed, failed ? " in " : "",
+           failed ? outs[0].step : "", failed ? "" : " (NCCL accepted it)");
+    if (failed) printf("  NCCL: %s\n", W.warns.empty() ? "(no WARN)" : W.warns[0].c_str());
+    return failed == 8 ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     /* --graph FILE: says where NCCL's code finds FILE acceptable; fails if on a negative tree. */
+    /* --topo-fails FILE: NCCL's init must fail with NCCL_TOPO_FILE=FILE. */
+    if (argc == 3 && !strcmp(argv[1], "--topo-fails")) {
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        return topo_file_fails(argv[2]);
+    }
     if (argc == 3 && !strcmp(argv[1], "--graph")) {
         graph_file = argv[2];
     } else if (argc != 1) {
-        fprintf(stderr, "usage: %s [--graph GRAPH.xml]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--graph GRAPH.xml | --topo-fails TOPO.xml]\n", argv[0]);
         return 2;
     }
     /* clang-format off */
