@@ -278,6 +278,48 @@ static int fill_pci(struct xml_node *n, const char *busid) {
     return rc;
 }
 
+/* "cpu family : 6" -> "6": one field of the first processor in /proc/cpuinfo. */
+static bool cpuinfo_field(const char *text, const char *key, char *out, size_t len) {
+    size_t klen = strlen(key);
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, key, klen) || (l[klen] != ' ' && l[klen] != '\t')) continue;
+        const char *v = strchr(l, ':');
+        if (!v || v > strchr(l, '\n')) return false;
+        v += 1 + strspn(v + 1, " \t");
+        snprintf(out, len, "%.*s", (int)strcspn(v, "\n"), v);
+        return true;
+    }
+    return false;
+}
+
+/* The attributes NCCL's ncclTopoAddCpu reads and each rank fills in for its own CPU (since 2.22
+ * the ranks' trees fuse only when all of them match): arch, vendor, family and model as
+ * cpuid reports them (read from /proc/cpuinfo under the sysfs root), affinity from sysfs. */
+static int cpu_attrs(struct xml_node *cpu, int numa) {
+    char v[256], text[8192] = "";
+    int rc = 0;
+#if defined(__x86_64__)
+    rc = xml_set(cpu, "arch", "x86_64");
+#elif defined(__aarch64__)
+    rc = xml_set(cpu, "arch", "arm64");
+#elif defined(__PPC__)
+    rc = xml_set(cpu, "arch", "ppc64");
+#endif
+    if (!rc && !sysfs_read(v, sizeof(v), "/sys/devices/system/node/node%d/cpumap", numa))
+        rc = xml_set(cpu, "affinity", "%s", v);
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/proc/cpuinfo", strcmp(sysfs_root(), "/") ? sysfs_root() : "");
+    FILE *f = rc ? NULL : fopen(path, "re");
+    if (!f) return rc;
+    text[fread(text, 1, sizeof(text) - 1, f)] = 0;
+    fclose(f);
+    if (cpuinfo_field(text, "vendor_id", v, sizeof(v))) rc = xml_set(cpu, "vendor", "%s", v);
+    if (!rc && cpuinfo_field(text, "cpu family", v, sizeof(v)))
+        rc = xml_set(cpu, "familyid", "%s", v);
+    if (!rc && cpuinfo_field(text, "model", v, sizeof(v))) rc = xml_set(cpu, "modelid", "%s", v);
+    return rc;
+}
+
 /* The PCI node NCCL would attach the device to, created along the way. */
 static int place(struct xml_node *sys, const struct topo_dev *d, struct xml_node **out) {
     char numa[16];
@@ -285,7 +327,8 @@ static int place(struct xml_node *sys, const struct topo_dev *d, struct xml_node
     struct xml_node *parent = find_child(sys, "cpu", "numaid", numa);
     if (!parent) {
         parent = xml_add(sys, "cpu");
-        if (!parent || xml_set(parent, "numaid", "%s", numa)) return -ENOMEM;
+        if (!parent || xml_set(parent, "numaid", "%s", numa) || cpu_attrs(parent, d->numa))
+            return -ENOMEM;
         sort_last_child(sys, "numaid", true);
     }
     int idx[TOPO_MAX_DEPTH], n = nccl_levels(d, idx);
