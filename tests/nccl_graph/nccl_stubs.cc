@@ -15,10 +15,13 @@
 #include "graph.h"
 #include "net.h"
 #include "nvmlwrap.h"
+#if NCCL_VERSION_CODE >= 23000
 #include "os.h"
+#endif
 #include "transport.h"
 #include "utils.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -38,17 +41,26 @@ int ncclDebugLevel = NCCL_LOG_WARN;
 uint64_t ncclDebugMask = ~0ull;
 thread_local int ncclDebugNoWarn = 0;
 
-void ncclDebugLogInternal(ncclDebugLogLevel level, unsigned long flags, const char *file,
-                          const char *func, int line, const char *fmt, ...) {
+static void log_line(ncclDebugLogLevel level, const char *fmt, va_list ap) {
     char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
     if (level == NCCL_LOG_WARN && ncclDebugNoWarn == 0) ng_record_warn(msg);
     if (level == NCCL_LOG_WARN || ng_verbose())
         fprintf(stderr, "[rank %d] %s %s\n", ng_thread_rank(),
                 level == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
+}
+
+#if NCCL_VERSION_CODE >= 23000
+void ncclDebugLogInternal(ncclDebugLogLevel level, unsigned long flags, const char *file,
+                          const char *func, int line, const char *fmt, ...) {
+#else
+void ncclDebugLog(ncclDebugLogLevel level, unsigned long flags, const char *filefunc, int line,
+                  const char *fmt, ...) {
+#endif
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(level, fmt, ap);
+    va_end(ap);
 }
 
 /* ---------- environment and parameters (read every time: cases change them) ---------- */
@@ -56,11 +68,21 @@ const char *ncclGetEnv(const char *name) {
     return getenv(name);
 }
 
-int64_t ncclLoadParam(char const *env, int64_t deftVal, int64_t, int64_t *, int8_t *) {
+static int64_t param(const char *env, int64_t deftVal) {
     const char *s = getenv(env);
-    if (!s || !*s) return deftVal;
-    return strtoll(s, NULL, 0);
+    return s && *s ? strtoll(s, NULL, 0) : deftVal;
 }
+
+#if NCCL_VERSION_CODE >= 23000
+int64_t ncclLoadParam(char const *env, int64_t deftVal, int64_t, int64_t *, int8_t *) {
+    return param(env, deftVal);
+}
+#else
+/* Before 2.30 the caller reads the value from its cache: the tests set no NCCL parameter. */
+void ncclLoadParam(char const *env, int64_t deftVal, int64_t, int64_t *cache) {
+    *cache = param(env, deftVal);
+}
+#endif
 
 /* ---------- utils (NCCL's misc/utils.cc is not in ../shared) ---------- */
 ncclResult_t int64ToBusId(int64_t id, char *busId) {
@@ -88,9 +110,15 @@ uint64_t getHostHash() {
 int parseStringList(const char *, struct netIf *, int) {
     NG_UNREACHABLE();
 }
+#if NCCL_VERSION_CODE >= 23000
 bool matchIfList(const char *, int, struct netIf *, int, bool, int *) {
     NG_UNREACHABLE();
 }
+#else
+bool matchIfList(const char *, int, struct netIf *, int, bool) {
+    NG_UNREACHABLE();
+}
+#endif
 
 /* ---------- OS layer: sysfs under the fake root ---------- */
 static bool read_file(const char *path, char *out, size_t len) {
@@ -104,6 +132,8 @@ static bool read_file(const char *path, char *out, size_t len) {
     return true;
 }
 
+#if NCCL_VERSION_CODE >= 23000
+/* 2.30 reaches sysfs through its OS layer: these are its Linux functions, under the fake root. */
 char *ncclOsRealpath(const char *path, char *resolved) {
     return realpath(path, resolved);
 }
@@ -175,6 +205,34 @@ ncclResult_t ncclOsGetAffinity(ncclAffinity *a) {
         CPU_SET(i, a);
     return ncclSuccess;
 }
+#else
+/* Before 2.30 the graph code calls realpath/fopen/opendir on "/sys/..." itself: the test links
+ * with --wrap for them, and these put the fake root in front of such paths. */
+extern "C" char *__real_realpath(const char *path, char *resolved);
+extern "C" FILE *__real_fopen(const char *path, const char *mode);
+extern "C" DIR *__real_opendir(const char *path);
+
+static const char *under_root(const char *path, char *buf, size_t len) {
+    if (strncmp(path, "/sys/", 5) != 0) return path;
+    snprintf(buf, len, "%s%s", ng_sysfs_root(), path);
+    return buf;
+}
+
+extern "C" char *__wrap_realpath(const char *path, char *resolved) {
+    char buf[PATH_MAX];
+    return __real_realpath(under_root(path, buf, sizeof(buf)), resolved);
+}
+
+extern "C" FILE *__wrap_fopen(const char *path, const char *mode) {
+    char buf[PATH_MAX];
+    return __real_fopen(under_root(path, buf, sizeof(buf)), mode);
+}
+
+extern "C" DIR *__wrap_opendir(const char *path) {
+    char buf[PATH_MAX];
+    return __real_opendir(under_root(path, buf, sizeof(buf)));
+}
+#endif
 
 /* ---------- NVML: the tree's GPUs, indexed in bus ID order ---------- */
 int ncclNvmlDeviceCount = 0;
