@@ -364,8 +364,19 @@ ncclResult_t ncclNetSetVirtDevCount(int, int nVirtDev) {
     return ncclSuccess;
 }
 
+#if NCCL_VERSION_CODE < 22200
+/* The plugin speaks ncclNet v8 to NCCL 2.21 (v4 would change how NCCL reads GPU Direct). */
+int ncclNetVersion(struct ncclComm *) {
+    return 8;
+}
+#endif
+
 /* ---------- transports: GPUs of one node always reach each other (P2P or SHM) ---------- */
+#if NCCL_VERSION_CODE >= 22200
 static ncclResult_t can_connect(int *ret, struct ncclComm *, struct ncclTopoGraph *,
+#else
+static ncclResult_t can_connect(int *ret, struct ncclTopoSystem *, struct ncclTopoGraph *,
+#endif
                                 struct ncclPeerInfo *, struct ncclPeerInfo *) {
     *ret = 1;
     return ncclSuccess;

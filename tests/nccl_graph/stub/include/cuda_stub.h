@@ -102,3 +102,6 @@ struct half {
 };
 cudaError_t cudaEventSynchronize(cudaEvent_t);
 cudaError_t cudaEventQuery(cudaEvent_t);
+struct dim3 {
+    unsigned x, y, z;
+};
