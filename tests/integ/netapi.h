@@ -15,8 +15,10 @@
 
 struct netapi {
     struct plugin p;
-    int version; /* 8 or 12 */
-    void *ctx;   /* v12 context */
+    int version; /* 8, 11 or 12 */
+    void *ctx;   /* v11/v12 context */
+    /* v11 and v12 share their function list; only the property types differ */
+    const ncclNet_v12_t *t12;
     int dev;
 };
 
