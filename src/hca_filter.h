@@ -24,7 +24,7 @@ struct hca_filter {
     } entries[HCA_FILTER_MAX];
 };
 
-#define HCA_RAIL_MAX  32767             /* railId is an int16_t */
+#define HCA_RAIL_MAX  32767           /* railId is an int16_t */
 #define HCA_PLANE_MAX ((1 << 14) - 1) /* net_ib keeps bit 14 for fused (virtual) devices */
 
 /* 0, or -EINVAL for a malformed list (message in err). An empty spec keeps every device. */

@@ -172,8 +172,9 @@ static int spin_case(struct duo *d, void *arg) {
             do {
                 CHECK(isend_once(&n, L.sc, p, spin_size(round, k), k, smh, &sreq[k]) == 0);
                 if (!sreq[k] && now_s() > end) {
-                    fprintf(stderr, "round %d: isend %d still NULL after %d s, nothing else "
-                                    "called: a clear-to-send waits for a later call\n",
+                    fprintf(stderr,
+                            "round %d: isend %d still NULL after %d s, nothing else "
+                            "called: a clear-to-send waits for a later call\n",
                             round, k, TMO);
                     return -1;
                 }
@@ -247,8 +248,9 @@ static int trunc_case(struct duo *d, void *arg) {
             for (int i = 0; i < t->n; i++) {
                 size_t want = min_sz(t->posted[i], t->sent[i]);
                 if (got[i] != (int)want)
-                    fprintf(stderr, "step %d buffer %d: receiver's test says %d bytes, %zu landed\n",
-                            s, i, got[i], want);
+                    fprintf(stderr,
+                            "step %d buffer %d: receiver's test says %d bytes, %zu landed\n", s, i,
+                            got[i], want);
                 CHECK(got[i] == (int)want);
                 CHECK(pattern_check(at[i], want, (uint32_t)(s * 10 + i)) < 0);
                 for (size_t g = want; g < t->posted[i] + TRUNC_GUARD; g++)
@@ -650,6 +652,5 @@ int main(void) {
         fprintf(stderr, "no case matches ITEST_ONLY=%s\n", only ? only : "");
         return 1;
     }
-    return _cmocka_run_group_tests("integration: net_ib conformance", tests, (size_t)n, NULL,
-                                   NULL);
+    return _cmocka_run_group_tests("integration: net_ib conformance", tests, (size_t)n, NULL, NULL);
 }

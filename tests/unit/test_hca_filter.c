@@ -193,11 +193,11 @@ static void test_bad_rail_and_plane_rejected(void **state) {
     const struct {
         const char *spec, *why;
     } bad[] = {
-        {"erdma_0:1:", "invalid rail"},        {"erdma_0:1:x", "invalid rail"},
-        {"erdma_0:1:-1", "invalid rail"},      {"erdma_0:1:32768", "invalid rail"},
-        {"erdma_0:1:0:", "invalid plane"},     {"erdma_0:1:0:16384", "invalid plane"},
-        {"erdma_0:1:0:-2", "invalid plane"},   {"erdma_0:1:0:0:0", "more than dev:port:rail:plane"},
-        {"erdma_0::0:0", "invalid port"},      {"ok,erdma_0:1:0:1z", "invalid plane"},
+        {"erdma_0:1:", "invalid rail"},      {"erdma_0:1:x", "invalid rail"},
+        {"erdma_0:1:-1", "invalid rail"},    {"erdma_0:1:32768", "invalid rail"},
+        {"erdma_0:1:0:", "invalid plane"},   {"erdma_0:1:0:16384", "invalid plane"},
+        {"erdma_0:1:0:-2", "invalid plane"}, {"erdma_0:1:0:0:0", "more than dev:port:rail:plane"},
+        {"erdma_0::0:0", "invalid port"},    {"ok,erdma_0:1:0:1z", "invalid plane"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_int_equal(parse(bad[i].spec), -EINVAL);
