@@ -110,7 +110,8 @@ static void post_write(struct side *s, enum wr_kind kind, uint32_t seq) {
         .num_sge = 1,
         .opcode = data && s->o->mode != MODE_WRITE ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
         /* The data write is signaled, as each of the plugin's is; the others retire with it.
-         * Up to 96 bytes go inline, as the plugin's do by default (NCCL_IB_USE_INLINE=1). */
+         * Up to 96 bytes go inline, as the plugin's payloads (NCCL_ERDMA_INLINE_PAYLOAD=1) and
+         * clear-to-sends (NCCL_IB_USE_INLINE=1) do by default. */
         .send_flags = (data ? IBV_SEND_SIGNALED : 0) | (len <= MAX_INLINE ? IBV_SEND_INLINE : 0),
         .imm_data = htonl(seq),
         .wr.rdma = {.remote_addr = s->peer.addr + (data ? 0 : 2 * s->o->size),

@@ -218,8 +218,8 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
             .sg_list = &sges[r],
             .num_sge = 1,
             .opcode = IBV_WR_RDMA_WRITE,
-            .send_flags =
-                (sig ? IBV_SEND_SIGNALED : 0) | ((int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
+            .send_flags = (sig ? IBV_SEND_SIGNALED : 0) |
+                          (rc->c.inline_cts && (int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
             .wr.rdma = {.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts),
                         .rkey = rc->c.remote_ctrl_rkey},
         };

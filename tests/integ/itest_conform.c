@@ -576,27 +576,74 @@ static int accepts_case(struct duo *d, void *arg) {
     return 0;
 }
 
+/* ------------------------------------------------------------ case: traffic class
+ * net_ib (connect.cc): the sender's QPs take NCCL_IB_TC when set, else the communicator's
+ * traffic class; the sender sends it in its connection metadata and the receiver's QPs (which
+ * carry the clear-to-sends and the ACKs) take it too, unless NCCL_IB_FIFO_TC is set there.
+ * RoCE only (GID mode): iWARP has no traffic class. The QPs log their settings (TRACE). */
+static int tc_case(struct duo *d, void *arg) {
+    struct run *r = arg;
+    int role = d->is_child; /* 0 receives, 1 sends with the communicator's traffic class 106 */
+    for (int step = 0; step < 2; step++) {
+        struct netapi n;
+        void *lc = NULL, *comm = NULL;
+        char handle[NCCL_NET_HANDLE_MAXSIZE];
+        if (role == 0 && step == 1) setenv("NCCL_IB_FIFO_TC", "12", 1);
+        CHECK(net_open_tc(&n, r->cfg.version, r->cfg.dev, role ? 106 : -1) == 0);
+        log_reset();
+        if (role == 0) {
+            CHECK(net_listen(&n, handle, &lc) == 0);
+            CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+            CHECK(net_accept(&n, lc, &comm, TMO) == 0);
+            const char *want = step == 0 ? "tc 106, sl 0" : "tc 12, sl 0";
+            if (!log_contains(want))
+                fprintf(stderr, "receiver: no \"%s\" in:\n%s", want, log_text());
+            CHECK(log_contains(want));
+            CHECK(!log_contains(step == 0 ? "tc 0," : "tc 106,"));
+            CHECK(duo_barrier(d) == 0);
+            CHECK(net_close_recv(&n, comm) == 0);
+            CHECK(net_close_listen(&n, lc) == 0);
+            unsetenv("NCCL_IB_FIFO_TC");
+        } else {
+            CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+            CHECK(net_connect(&n, handle, &comm, TMO) == 0);
+            CHECK(log_contains("tc 106, sl 0"));
+            CHECK(duo_barrier(d) == 0);
+            CHECK(net_close_send(&n, comm) == 0);
+        }
+        net_close(&n);
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------ cmocka glue */
 struct scenario {
     const char *name;
     duo_fn fn;
     const char *net_ib; /* the behaviour it holds us to, printed with the case */
     int slots;          /* xchg blocks it needs */
+    bool roce_only;     /* registered for rxe0 only: the behaviour does not exist on iWARP */
 };
 
 static const struct scenario scenarios[] = {
     {"spin_isend_without_test", spin_case,
-     "a posted receive reaches the sender with no further call (irecv posts the CTS)", 1},
+     "a posted receive reaches the sender with no further call (irecv posts the CTS)", 1, false},
     {"send_larger_than_receive", trunc_case,
-     "isend truncates to the receive's size; both tests report the bytes that landed", 1},
+     "isend truncates to the receive's size; both tests report the bytes that landed", 1, false},
     {"out_of_order_tags", ooo_case,
-     "isend of a tag the head receive does not hold returns NULL (try again), not an error", 1},
+     "isend of a tag the head receive does not hold returns NULL (try again), not an error", 1,
+     false},
     {"threads_own_comms", threads_case,
-     "comms are independent: 4+ threads open, use and close their own at once", THREAD_CYCLES},
+     "comms are independent: 4+ threads open, use and close their own at once", THREAD_CYCLES,
+     false},
     {"close_with_requests_in_flight", inflight_case,
-     "deregMr/closeSend/closeRecv succeed with requests outstanding; the plugin works after", 1},
+     "deregMr/closeSend/closeRecv succeed with requests outstanding; the plugin works after", 1,
+     false},
     {"one_listen_many_accepts", accepts_case,
-     "one listen comm accepts any number of connections, each kept apart", 1},
+     "one listen comm accepts any number of connections, each kept apart", 1, false},
+    {"traffic_class_both_ends", tc_case,
+     "the communicator's traffic class reaches both ends' QPs; NCCL_IB_FIFO_TC the receiver's", 1,
+     true},
 };
 
 struct test_case {
@@ -633,6 +680,7 @@ int main(void) {
          dev = strtok_r(NULL, ",", &save)) {
         for (size_t v = 0; v < 2; v++) {
             for (size_t s = 0; s < nsc; s++) {
+                if (scenarios[s].roce_only && strcmp(dev, "rxe0")) continue;
                 struct test_case *tc = &cases[n];
                 tc->sc = &scenarios[s];
                 snprintf(tc->cfg.dev, sizeof(tc->cfg.dev), "%s", dev);

@@ -18,13 +18,17 @@ static double now_s(void) {
 }
 
 int net_open(struct netapi *n, int version, const char *devname) {
+    return net_open_tc(n, version, devname, NCCL_NET_TRAFFIC_CLASS_UNDEF);
+}
+
+int net_open_tc(struct netapi *n, int version, const char *devname, int traffic_class) {
     memset(n, 0, sizeof(*n));
     n->version = version;
     if (plugin_open(&n->p)) return -1;
     int rc, ndev = 0;
     n->t12 = version == 11 ? (const ncclNet_v12_t *)n->p.v11 : n->p.v12;
     if (version >= 11) {
-        ncclNetCommConfig_t cfg = {.trafficClass = -1};
+        ncclNetCommConfig_t cfg = {.trafficClass = traffic_class};
         rc = n->t12->init(&n->ctx, 42, &cfg, log_capture, NULL);
         if (!rc) rc = n->t12->devices(&ndev);
     } else {
