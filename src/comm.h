@@ -72,6 +72,7 @@ struct conn {
     int error;        /* sticky -errno once the connection is broken */
     uint64_t polls_since_check;
     uint64_t last_check_ns;
+    uint64_t peer_bye_ns; /* when the peer's goodbye was first seen; 0 before */
     struct rdma_event_channel *cm_ch;
 };
 

@@ -164,14 +164,17 @@ int oob_peer_alive(int fd) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     int n = poll(&p, 1, 0);
     if (n <= 0) return 0;
-    if (p.revents & (POLLERR | POLLHUP)) return -ECONNRESET;
+    /* The goodbye is read first: a peer that said it and then closed its socket closed
+     * normally, whatever the socket reports now. It is peeked, never consumed, so every
+     * later look sees it too. */
     if (p.revents & POLLIN) {
         char c;
         ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (r == 0) return -ECONNRESET;
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -errno;
         /* after the handshake the only byte a peer sends is its goodbye */
-        if (r > 0) return c == OOB_BYE ? -ECONNRESET : -EPROTO;
+        if (r > 0) return c == OOB_BYE ? OOB_PEER_CLOSING : -EPROTO;
+        if (r == 0) return -ECONNRESET;
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -errno;
     }
+    if (p.revents & (POLLERR | POLLHUP)) return -ECONNRESET;
     return 0;
 }

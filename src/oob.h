@@ -20,11 +20,14 @@ int oob_connect_poll(int fd);
 int oob_accept(int listen_fd, int *fd, struct sockaddr_in *peer);
 int oob_send_progress(int fd, const void *buf, size_t len, size_t *done);
 int oob_recv_progress(int fd, void *buf, size_t len, size_t *done);
-/* Sent by a closing comm; oob_peer_alive() reads it as "the peer closed". */
+/* Sent by a closing comm; oob_peer_alive() reads it as "the peer is closing". */
 #define OOB_BYE 'B'
 /* Tells the peer we are closing and waits up to wait_ms for its goodbye (or EOF). */
 void oob_goodbye(int fd, int wait_ms);
-/* -ECONNRESET when the peer closed or the socket failed, else 0. Never blocks. */
+/* 0 while nothing happened, OOB_PEER_CLOSING once the peer said goodbye (a normal close),
+ * -ECONNRESET when it went away without one or the socket failed, -EPROTO for any other byte.
+ * Never blocks. */
+#define OOB_PEER_CLOSING 1
 int oob_peer_alive(int fd);
 void oob_format(const struct sockaddr_in *a, char *out, int outlen);
 /* Pure: does interface name match an NCCL_SOCKET_IFNAME list ("^a,b", "=a", "a")? */

@@ -27,8 +27,9 @@
 #include <string.h>
 
 #define POLL_BATCH     16
-#define LIVENESS_POLLS 256          /* empty polls between two looks at the clock */
-#define LIVENESS_NS    100000000ull /* at most one health check per 100 ms */
+#define LIVENESS_POLLS 256           /* empty polls between two looks at the clock */
+#define LIVENESS_NS    100000000ull  /* at most one health check per 100 ms */
+#define BYE_GRACE_NS   2000000000ull /* a closing peer's last data may still be on the way */
 
 enum wr_kind { WR_RECORD = 1, WR_CTS = 2, WR_RECV = 3, WR_FLUSH = 4, WR_WARMUP = 5 };
 
@@ -89,7 +90,8 @@ static const char *wc_hint(enum ibv_wc_status s) {
     case IBV_WC_REM_INV_REQ_ERR:
         return "the peer rejected the request: mismatched plugin versions or a buffer too small";
     case IBV_WC_WR_FLUSH_ERR:
-        return "the QP was already in error after an earlier failure";
+        return "the connection was torn down before this request was matched: the peer closed "
+               "it (or its process exited), or an earlier failure put the QP in error";
     default:
         return "see the RDMA driver's messages (dmesg)";
     }
@@ -471,6 +473,20 @@ static int conn_check_health(struct conn *c) {
         return conn_fail(c, fatal);
     }
     int ret = oob_peer_alive(c->fd);
+    if (ret == OOB_PEER_CLOSING) {
+        /* A goodbye is a normal close after the peer's last send completed. On iWARP a send
+         * completes once it is in TCP, so its payload, on the QP's own stream, can arrive
+         * after this byte: keep completing what lands. A torn-down QP flushes what never
+         * will; the grace bounds a peer that closed with our receives still unmatched. */
+        if (!c->peer_bye_ns) c->peer_bye_ns = t;
+        /* its rdma_cm disconnects follow the goodbye and are not read here: they flush our
+         * receives, and those flushes complete behind any payload that did land */
+        if (t - c->peer_bye_ns < BYE_GRACE_NS) return 0;
+        WARN("%s: the peer %s closed its connection normally, but requests were still waiting "
+             "for it %.1f s later (the two ranks disagree on the messages to move)",
+             c->base.dev->name, c->peer, BYE_GRACE_NS / 1e9);
+        return conn_fail(c, -ECONNRESET);
+    }
     if (ret) {
         WARN("%s: the peer %s closed its connection (process exited or node died) while "
              "requests were in flight",
@@ -730,8 +746,8 @@ int erdma_test(void *request, int *done, int *sizes) {
     struct conn *c = req->comm;
     if (!req->done) {
         int ret = conn_progress(c);
-        if (ret) return ret;
-        if (!req->done) return 0;
+        /* a request that completed before the connection failed did move its data */
+        if (!req->done) return ret;
     }
     *done = 1;
     if (sizes && req->type != REQ_FLUSH) {

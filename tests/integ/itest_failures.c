@@ -488,6 +488,104 @@ static int late_accept_send(struct duo *d, void *arg) {
     return 0;
 }
 
+/* ------------------------------------------------------------ scenarios: normal close
+ * A sender that closes as soon as its last send completes. On iWARP a send completes once it
+ * is in TCP, and the closing side says goodbye on the out-of-band socket: the receiver must
+ * take the goodbye for a normal close and still complete what lands, not fail with "the peer
+ * closed". Several rounds, small and big messages, one listen comm. */
+#define CLOSE_ROUNDS 6
+
+static size_t close_round_size(int r) {
+    return r % 2 ? (8u << 20) : 1000;
+}
+
+static int close_at_once_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    uint8_t *buf = page_alloc(8u << 20);
+    CHECK(buf);
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    for (int r = 0; r < CLOSE_ROUNDS; r++) {
+        void *comm, *mh, *req, *data = buf;
+        size_t len = close_round_size(r);
+        int tag = 0, got = -1;
+        memset(buf, 0, len);
+        CHECK(net_accept(&n, lc, &comm, TMO) == 0);
+        CHECK(net_regmr(&n, comm, buf, len, &mh) == 0);
+        CHECK(net_irecv(&n, comm, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
+        CHECK(net_wait(&n, req, &got, TMO) == 0);
+        CHECK(got == (int)len && pattern_check(buf, len, 5 + r) < 0);
+        CHECK(net_deregmr(&n, comm, mh) == 0);
+        CHECK(net_close_recv(&n, comm) == 0);
+    }
+    CHECK(net_close_listen(&n, lc) == 0);
+    net_close(&n);
+    free(buf);
+    return 0;
+}
+
+static int close_at_once_send(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    uint8_t *buf = page_alloc(8u << 20);
+    CHECK(buf);
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+    for (int r = 0; r < CLOSE_ROUNDS; r++) {
+        void *comm, *mh, *req;
+        size_t len = close_round_size(r);
+        int got = -1;
+        pattern_fill(buf, len, 5 + r);
+        CHECK(net_connect(&n, handle, &comm, TMO) == 0);
+        CHECK(net_regmr(&n, comm, buf, len, &mh) == 0);
+        CHECK(net_isend(&n, comm, buf, len, 0, mh, &req, TMO) == 0);
+        CHECK(net_wait(&n, req, &got, TMO) == 0);
+        CHECK(net_deregmr(&n, comm, mh) == 0);
+        CHECK(net_close_send(&n, comm) == 0);
+    }
+    net_close(&n);
+    free(buf);
+    return 0;
+}
+
+/* A sender that closes normally without sending what the receiver waits for: the receive must
+ * fail (the ranks disagree), within a bound and with a WARN naming the peer, never hang. */
+#define CLOSE_UNMATCHED_LIMIT 5.0
+
+static int close_unmatched_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *req;
+    int got = -1;
+    CHECK(recv_open(d, arg, &s, SMALL) == 0);
+    CHECK(post_recv(&s, SMALL, &req) == 0);
+    log_reset();
+    CHECK(duo_barrier(d) == 0); /* the sender closes now */
+    double t0 = now_s();
+    int rc = net_wait(&s.n, req, &got, TMO);
+    double dt = now_s() - t0;
+    figure("peer closed normally with a receive unmatched on %s: error %d after %.2f s",
+           ((const struct cfg *)arg)->dev, rc, dt);
+    CHECK(rc == ncclRemoteError);
+    CHECK(dt < CLOSE_UNMATCHED_LIMIT);
+    CHECK(log_contains(s.ip));
+    return 0;
+}
+
+static int close_unmatched_send(struct duo *d, void *arg) {
+    struct side s;
+    CHECK(send_open(d, arg, &s, SMALL) == 0);
+    CHECK(duo_barrier(d) == 0);
+    CHECK(net_deregmr(&s.n, s.comm, s.mh) == 0);
+    CHECK(net_close_send(&s.n, s.comm) == 0);
+    net_close(&s.n);
+    return 0;
+}
+
 /* connect() to a handle nobody listens on any more must fail after
  * NCCL_ERDMA_CONNECT_TIMEOUT (2 s here), naming the address. */
 static int try_dead_handle(struct netapi *n, const struct cfg *c, char *handle, const char *what) {
@@ -1139,6 +1237,10 @@ static const struct scenario scenarios[] = {
      NULL},
     {"startup/connect_before_listener", RUN_DUO, late_listener_recv, late_listener_send, NULL},
     {"startup/accept_late", RUN_DUO, late_accept_recv, late_accept_send, NULL},
+    {"close/sender_closes_after_last_completion", RUN_DUO, close_at_once_recv, close_at_once_send,
+     NULL},
+    {"close/peer_closes_with_receive_unmatched", RUN_DUO, close_unmatched_recv,
+     close_unmatched_send, NULL},
     {"startup/stale_handle_and_closed_port", RUN_SOLO, dead_handle_main, NULL,
      "NCCL_ERDMA_CONNECT_TIMEOUT=2"},
     {"input/bad_handles", RUN_SOLO, bad_handles_main, NULL, NULL},
