@@ -61,7 +61,8 @@ struct conn {
     struct qp_ctx qps[ERDMA_MAX_QPS];
     enum completion_mode completion;
     bool split;
-    bool inline_payload; /* NCCL_IB_USE_INLINE: payloads <= max_inline go inline */
+    bool inline_payload; /* NCCL_ERDMA_INLINE_PAYLOAD: payloads <= max_inline go inline */
+    bool inline_cts;     /* NCCL_IB_USE_INLINE: clear-to-sends go inline */
     void *ctrl;          /* registered control region (FIFO / records / ring) */
     size_t ctrl_len;
     struct ibv_mr *ctrl_mr;

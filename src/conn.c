@@ -220,7 +220,7 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     sc->records = (struct wire_record *)((char *)sc->c.ctrl + SEND_CTRL_RECORDS);
     sc->c.split = param_int(P_IB_SPLIT_DATA_ON_QPS) != 0;
     sc->c.completion = dev->completion;
-    sc->c.inline_payload = param_int(P_IB_USE_INLINE) != 0;
+    sc->c.inline_payload = param_int(P_ERDMA_INLINE_PAYLOAD) != 0;
 
     struct wire_conn_msg *m = &st->msg;
     memset(m, 0, sizeof(*m));
@@ -242,6 +242,11 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     m->ctrl_addr = (uintptr_t)sc->fifo;
     m->ctrl_rkey = sc->c.ctrl_mr->rkey;
     m->max_msg_sz = dev->max_msg_sz;
+    struct qp_params qpp;
+    qp_params_from_env(&qpp, st->tc);
+    m->tc = (uint8_t)qpp.tc;
+    m->sl = (uint8_t)qpp.sl;
+    m->qos_set = 1;
     wire_msg_seal(m, MSG_HELLO);
     return 0;
 }
@@ -506,6 +511,7 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     rc->ring = (struct wire_record *)((char *)rc->c.ctrl + RECV_CTRL_RING);
     rc->c.split = m->split;
     rc->cts_batch = (int)param_int(P_ERDMA_CTS_BATCH);
+    rc->c.inline_cts = param_int(P_IB_USE_INLINE) != 0;
     for (int q = 0; q < m->nqps; q++)
         rc->next_seq[q] = rc->c.split ? 0 : (uint32_t)q;
     rc->c.completion = (m->completion == COMPLETION_SEND || dev->completion == COMPLETION_SEND)
@@ -520,7 +526,7 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     memset(&reply, 0, sizeof(reply));
     if (dev->connect_mode == CONNECT_GID) {
         struct qp_params qpp;
-        qp_params_from_env(&qpp, -1);
+        qp_params_for_receiver(&qpp, m->qos_set == 1, m->tc, m->sl & 0xf);
         enum ibv_mtu mtu = m->mtu < dev->active_mtu ? (enum ibv_mtu)m->mtu : dev->active_mtu;
         for (int i = 0; i < rc->c.nqps; i++) {
             ret =

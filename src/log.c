@@ -1,5 +1,6 @@
 /* Owns the logger pointer and the message prefix; nothing else. */
 #include "log.h"
+#include "params.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,9 +15,8 @@ void erdma_log_set(ncclDebugLogger_t logger) {
 }
 
 static int stderr_wants(ncclDebugLogLevel level) {
-    const char *env = getenv("ERDMA_LOG");
-    if (level <= NCCL_LOG_WARN) return 1;
-    if (!env) return 0;
+    if (level <= NCCL_LOG_WARN) return 1; /* before the parameters: params_load WARNs */
+    const char *env = param_str(P_ERDMA_LOG);
     if (level == NCCL_LOG_INFO) return !strcmp(env, "info") || !strcmp(env, "trace");
     return !strcmp(env, "trace");
 }

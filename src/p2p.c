@@ -182,7 +182,10 @@ static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec
  * them; progress writes them only once the sender has none left, so that a caller which posts
  * receives and then only tests (as NCCL's proxy does) never stalls, and the write stays off
  * the critical path of a ping-pong. Only receives of up to CTS_WAIT_MAX bytes wait: for
- * larger ones the transfer dwarfs a post, and the sender keeps its deep pipeline. */
+ * larger ones the transfer dwarfs a post, and the sender keeps its deep pipeline.
+ * Off by default (cts_batch 1): a held clear-to-send waits for a later call on this comm, and
+ * net_ib's callers may post receives and then spin on another comm only (a ring's isend), which
+ * would then wait for ever. */
 static uint32_t cts_held(const struct recv_comm *rc) {
     return rc->cts_seq - rc->arrived; /* clear-to-sends the sender has and has not used yet */
 }
@@ -217,8 +220,8 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
             .sg_list = &sges[r],
             .num_sge = 1,
             .opcode = IBV_WR_RDMA_WRITE,
-            .send_flags =
-                (sig ? IBV_SEND_SIGNALED : 0) | ((int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
+            .send_flags = (sig ? IBV_SEND_SIGNALED : 0) |
+                          (rc->c.inline_cts && (int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
             .wr.rdma = {.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts),
                         .rkey = rc->c.remote_ctrl_rkey},
         };
@@ -630,17 +633,12 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     int i;
     for (i = 0; i < n; i++)
         if (fifo_entry(sc, idx, i)->tag == tag && !slot->sends[i].req) break;
-    if (i == n) {
-        WARN("%s: isend with tag %d matches no buffer of %s's receive #%u", sc->c.base.dev->name,
-             tag, sc->c.peer, sc->fifo_seq);
-        return -EINVAL;
-    }
-    if (size > fifo_entry(sc, idx, i)->size) {
-        WARN("%s: isend of %zu bytes to %s but the matching receive buffer holds %llu",
-             sc->c.base.dev->name, size, sc->c.peer,
-             (unsigned long long)fifo_entry(sc, idx, i)->size);
-        return -EMSGSIZE;
-    }
+    /* As net_ib: a tag that no free buffer of the receive now at the head carries is not an
+     * error; it may belong to a later receive, so the caller is asked to try again (NULL). */
+    if (i == n) return conn_progress(&sc->c);
+    /* As net_ib: a send larger than the matched buffer is truncated to it, and both ends'
+     * test() report the bytes that landed. */
+    if (size > fifo_entry(sc, idx, i)->size) size = (size_t)fifo_entry(sc, idx, i)->size;
     struct erdma_mr *mr = mhandle;
     if (size > 0 && !mr) {
         WARN("%s: isend of %zu bytes without a memory handle", sc->c.base.dev->name, size);

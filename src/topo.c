@@ -444,7 +444,8 @@ static void first_line(const struct topo_err *e, char *out, size_t len) {
 
 int topo_autoselect(void) {
     static const char *const modes[] = {"auto", "off", NULL};
-    const char *user_topo = getenv("NCCL_TOPO_FILE"), *user_graph = getenv("NCCL_GRAPH_FILE");
+    const char *user_topo = param_is_set(P_NCCL_TOPO_FILE) ? param_str(P_NCCL_TOPO_FILE) : NULL;
+    const char *user_graph = param_is_set(P_NCCL_GRAPH_FILE) ? param_str(P_NCCL_GRAPH_FILE) : NULL;
     if (param_choice(P_ERDMA_TOPO, modes) == 1) {
         INFO(NCCL_INIT | NCCL_ENV, "NCCL_ERDMA_TOPO=off: topology left to NCCL");
         return 0;

@@ -51,7 +51,9 @@ struct wire_conn_msg {
     uint8_t connect_mode;
     uint8_t mtu; /* enum ibv_mtu */
     uint8_t split;
-    uint8_t reserved[3];
+    uint8_t tc;      /* HELLO: the sender's traffic class and service level, which the */
+    uint8_t sl;      /* receiver's QPs adopt as net_ib's do (valid when qos_set is 1; */
+    uint8_t qos_set; /* older senders leave all three 0) */
     uint32_t qpn[ERDMA_MAX_QPS];
     uint8_t gid[16];
     uint16_t lid;

@@ -18,14 +18,19 @@ static double now_s(void) {
 }
 
 int net_open(struct netapi *n, int version, const char *devname) {
+    return net_open_tc(n, version, devname, NCCL_NET_TRAFFIC_CLASS_UNDEF);
+}
+
+int net_open_tc(struct netapi *n, int version, const char *devname, int traffic_class) {
     memset(n, 0, sizeof(*n));
     n->version = version;
     if (plugin_open(&n->p)) return -1;
     int rc, ndev = 0;
-    if (version == 12) {
-        ncclNetCommConfig_t cfg = {.trafficClass = -1};
-        rc = n->p.v12->init(&n->ctx, 42, &cfg, log_capture, NULL);
-        if (!rc) rc = n->p.v12->devices(&ndev);
+    n->t12 = version == 11 ? (const ncclNet_v12_t *)n->p.v11 : n->p.v12;
+    if (version >= 11) {
+        ncclNetCommConfig_t cfg = {.trafficClass = traffic_class};
+        rc = n->t12->init(&n->ctx, 42, &cfg, log_capture, NULL);
+        if (!rc) rc = n->t12->devices(&ndev);
     } else {
         rc = n->p.v8->init(log_capture);
         if (!rc) rc = n->p.v8->devices(&ndev);
@@ -47,12 +52,12 @@ int net_open(struct netapi *n, int version, const char *devname) {
 }
 
 void net_close(struct netapi *n) {
-    if (n->version == 12 && n->ctx) n->p.v12->finalize(n->ctx);
+    if (n->version >= 11 && n->ctx) n->t12->finalize(n->ctx);
     plugin_close(&n->p);
 }
 
 int net_listen(struct netapi *n, void *handle, void **lc) {
-    return n->version == 12 ? n->p.v12->listen(n->ctx, n->dev, handle, lc)
+    return n->version >= 11 ? n->t12->listen(n->ctx, n->dev, handle, lc)
                             : n->p.v8->listen(n->dev, handle, lc);
 }
 
@@ -61,7 +66,7 @@ int net_connect(struct netapi *n, void *handle, void **sc, int timeout_s) {
     *sc = NULL;
     while (!*sc) {
         ncclNetDeviceHandle_t *dh = NULL;
-        int rc = n->version == 12 ? n->p.v12->connect(n->ctx, n->dev, handle, sc, &dh)
+        int rc = n->version >= 11 ? n->t12->connect(n->ctx, n->dev, handle, sc, &dh)
                                   : n->p.v8->connect(n->dev, handle, sc, &dh);
         if (rc) return rc;
         if (!*sc && now_s() > end) {
@@ -78,7 +83,7 @@ int net_accept(struct netapi *n, void *lc, void **rc_out, int timeout_s) {
     while (!*rc_out) {
         ncclNetDeviceHandle_t *dh = NULL;
         int rc =
-            n->version == 12 ? n->p.v12->accept(lc, rc_out, &dh) : n->p.v8->accept(lc, rc_out, &dh);
+            n->version >= 11 ? n->t12->accept(lc, rc_out, &dh) : n->p.v8->accept(lc, rc_out, &dh);
         if (rc) return rc;
         if (!*rc_out && now_s() > end) {
             fprintf(stderr, "accept: nothing after %d s\n", timeout_s);
@@ -101,7 +106,7 @@ int net_isend(struct netapi *n, void *sc, void *data, size_t size, int tag, void
     double end = now_s() + timeout_s;
     *req = NULL;
     while (!*req) {
-        int rc = n->version == 12 ? n->p.v12->isend(sc, data, size, tag, mh, NULL, req)
+        int rc = n->version >= 11 ? n->t12->isend(sc, data, size, tag, mh, NULL, req)
                                   : n->p.v8->isend(sc, data, (int)size, tag, mh, req);
         if (rc) return rc;
         if (!*req && now_s() > end) {
@@ -118,9 +123,9 @@ int net_irecv(struct netapi *n, void *rc, int cnt, void **data, size_t *sizes, i
     *req = NULL;
     while (!*req) {
         int r;
-        if (n->version == 12) {
+        if (n->version >= 11) {
             void *ph[8] = {0};
-            r = n->p.v12->irecv(rc, cnt, data, sizes, tags, mh, ph, req);
+            r = n->t12->irecv(rc, cnt, data, sizes, tags, mh, ph, req);
         } else {
             int isz[8];
             for (int i = 0; i < cnt; i++)

@@ -15,13 +15,17 @@
 
 struct netapi {
     struct plugin p;
-    int version; /* 8 or 12 */
-    void *ctx;   /* v12 context */
+    int version; /* 8, 11 or 12 */
+    void *ctx;   /* v11/v12 context */
+    /* v11 and v12 share their function list; only the property types differ */
+    const ncclNet_v12_t *t12;
     int dev;
 };
 
 /* Opens the plugin, inits it, and finds the device by name. 0 or -1 (message printed). */
 int net_open(struct netapi *n, int version, const char *devname);
+/* The same, with a communicator traffic class for v11/v12's init config. */
+int net_open_tc(struct netapi *n, int version, const char *devname, int traffic_class);
 void net_close(struct netapi *n);
 int net_listen(struct netapi *n, void *handle, void **lc);
 /* Retries until connected/accepted or timeout_s passes; returns the ncclResult_t. */

@@ -696,6 +696,39 @@ static void test_hca_filter(void **state) {
     release_and_check();
 }
 
+/* NCCL's dev:port:rail:plane: the devices it names carry that rail and plane to getProperties;
+ * any other device, and every device without NCCL_IB_HCA, reports them undefined (-1). */
+static void test_hca_rail_plane(void **state) {
+    struct erdma_props p;
+    ebmgn9g_fakes();
+    setenv("NCCL_IB_HCA", "=erdma_0:1:0:0,erdma_1:1:7:2", 1);
+    assert_discover(2);
+    device_fill_props(device_get(0), &p);
+    assert_int_equal(p.rail_id, 0);
+    assert_int_equal(p.plane_id, 0);
+    device_fill_props(device_get(1), &p);
+    assert_int_equal(p.rail_id, 7);
+    assert_int_equal(p.plane_id, 2);
+    release_and_check();
+
+    setenv("NCCL_IB_HCA", "erdma_0:1:3,erdma_1", 1);
+    assert_discover(2);
+    device_fill_props(device_get(0), &p);
+    assert_int_equal(p.rail_id, 3);
+    assert_int_equal(p.plane_id, -1);
+    device_fill_props(device_get(1), &p);
+    assert_int_equal(p.rail_id, -1);
+    assert_int_equal(p.plane_id, -1);
+    release_and_check();
+
+    unsetenv("NCCL_IB_HCA");
+    assert_discover(2);
+    device_fill_props(device_get(1), &p);
+    assert_int_equal(p.rail_id, -1);
+    assert_int_equal(p.plane_id, -1);
+    release_and_check();
+}
+
 static void test_hca_filter_malformed(void **state) {
     ebmgn9g_fakes();
     setenv("NCCL_IB_HCA", "erdma_0:x", 1);
@@ -870,6 +903,7 @@ int main(void) {
         T(test_async_port_events_on_second_port),
         T(test_hca_filter),
         T(test_hca_filter_malformed),
+        T(test_hca_rail_plane),
         T(test_no_devices),
         T(test_rediscover),
         T(test_rxe_pci_path_from_netdev),
