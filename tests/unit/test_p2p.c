@@ -375,7 +375,6 @@ static void test_peer_fifo_fields(void **state) {
         {0, 65535, -EPROTO, "announces 65535 buffers"},
         {1, 0xdeadbeef, -EREMOTEIO, "payload write"}, /* the NIC refuses the key */
         {2, 0x10, -EREMOTEIO, "payload write"},       /* outside the peer's region */
-        {3, 100, -EMSGSIZE, "buffer holds 100"},      /* our send is larger */
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         struct pair p;
@@ -395,9 +394,8 @@ static void test_peer_fifo_fields(void **state) {
         case 2:
             e->addr = cases[k].value;
             break;
-        default:
-            e->size = cases[k].value;
         }
+        /* a receive smaller than our send is not bad input: net_ib truncates (itest_conform) */
         unit_log_count = 0;
         int rc = erdma_isend(p.sc, sbuf, 4096, 1, smh, &sreq);
         if (!rc && sreq) rc = wait_req(sreq, NULL);
