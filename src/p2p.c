@@ -510,6 +510,13 @@ static int conn_check_health(struct conn *c) {
 static int conn_progress(struct conn *c) {
     struct ibv_wc wcs[POLL_BATCH];
     if (c->error) return c->error;
+    /* Health is looked at before the CQ is polled, not after: a completion reaches our CQ
+     * before the peer's close or death can be seen, so this poll still completes whatever
+     * landed first, even when the thread was preempted between the two. */
+    if (c->polls_since_check >= LIVENESS_POLLS) {
+        c->polls_since_check = 0;
+        conn_check_health(c); /* a failure is sticky in c->error */
+    }
     int n = vb.poll_cq(c->cq, POLL_BATCH, wcs);
     if (n < 0) {
         WARN("%s: polling the completion queue failed (%d)", c->base.dev->name, n);
@@ -525,11 +532,8 @@ static int conn_progress(struct conn *c) {
                                             : recv_handle_wc((struct recv_comm *)c, wc);
         if (ret) return ret;
     }
-    if (n == 0 && ++c->polls_since_check >= LIVENESS_POLLS) {
-        c->polls_since_check = 0;
-        int ret = conn_check_health(c);
-        if (ret) return ret;
-    }
+    if (n == 0) c->polls_since_check++;
+    if (c->error) return c->error;
     if (c->base.kind == COMM_SEND) return send_post_ready((struct send_comm *)c);
     struct recv_comm *rc = (struct recv_comm *)c;
     if (rc->cts_seq != rc->seq && cts_held(rc) == 0 && cts_room(rc)) return cts_flush(rc);
