@@ -11,6 +11,8 @@
 #include "mr_cache.h"
 #include "mtu_guard.h"
 #include "params.h"
+#include "prof.h"
+#include "stats.h"
 #include "topo.h"
 #include "verbs.h"
 
@@ -21,10 +23,20 @@
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int init_refs;
 
-int erdma_init(ncclDebugLogger_t logger) {
+/* Names the devices for the counters and starts the stats file writer. */
+static void stats_begin_devices(void) {
+    const char *names[ERDMA_MAX_DEVICES];
+    int n = devices_count();
+    for (int i = 0; i < n && i < ERDMA_MAX_DEVICES; i++)
+        names[i] = device_get(i)->name;
+    stats_start(n, names);
+}
+
+int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     int rc = 0;
     pthread_mutex_lock(&init_lock);
     erdma_log_set(logger);
+    if (prof) prof_set(prof); /* NCCL hands every context the same one */
     if (init_refs++ > 0) goto out;
 
     int bad = params_load();
@@ -50,19 +62,23 @@ int erdma_init(ncclDebugLogger_t logger) {
         verbs_close();
         goto fail;
     }
+    stats_begin_devices(); /* never fails init: a bad stats file is WARNed about */
     rc = 0;
     goto out;
 fail:
     init_refs--;
+    prof_set(NULL);
 out:
     pthread_mutex_unlock(&init_lock);
     return rc;
 }
 
 static void release_all(void) {
+    stats_stop(); /* the INFO line per device and the last file, while names are valid */
     async_stop(); /* before the devices it watches */
     devices_release();
     verbs_close();
+    prof_set(NULL);
 }
 
 void erdma_finalize(void) {

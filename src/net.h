@@ -14,7 +14,8 @@
 struct erdma_props;
 
 /* Refcounted: the first init discovers devices, the last finalize releases them. */
-int erdma_init(ncclDebugLogger_t logger);
+/* prof: NCCL's profiler callback (v10+), or NULL. */
+int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof);
 void erdma_finalize(void);
 int erdma_devices(int *ndev);
 int erdma_get_properties(int dev, struct erdma_props *props);

@@ -198,7 +198,7 @@ static ncclResult_t api_get_properties_v12(int dev, ncclNetProperties_v12_t *out
 
 /* ------------------------------------------------------------ v8 (int sizes) */
 static ncclResult_t api_init_v8(ncclDebugLogger_t logger) {
-    return to_nccl(erdma_init(logger));
+    return to_nccl(erdma_init(logger, NULL));
 }
 
 static ncclResult_t api_connect_v8(int dev, void *handle, void **sc, ncclNetDeviceHandle_t **devh) {
@@ -232,7 +232,7 @@ static ncclResult_t api_irecv_v8(void *rc, int n, void **data, int *sizes, int *
 
 /* ------------------------------------------------------------ v10 (profiler, tc at connect) */
 static ncclResult_t api_init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
-    return to_nccl(erdma_init(logger));
+    return to_nccl(erdma_init(logger, prof));
 }
 
 static ncclResult_t api_connect_v10(int dev, ncclNetCommConfig_t *config, void *handle, void **sc,
@@ -262,7 +262,7 @@ static ncclResult_t api_init_v11(void **ctx, uint64_t comm_id, ncclNetCommConfig
                                  ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     struct plugin_ctx *c = calloc(1, sizeof(*c));
     if (!c) return ncclSystemError;
-    int rc = erdma_init(logger);
+    int rc = erdma_init(logger, prof);
     if (rc) {
         free(c);
         return to_nccl(rc);
