@@ -32,9 +32,11 @@ int erdma_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t 
                         void **mhandle);
 int erdma_dereg_mr(void *comm, void *mhandle);
 
-int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
+/* phandle(s): NCCL's profiler handles (v10+), NULL before v10 */
+int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                void **request);
 int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
-                void **mhandles, void **request);
+                void **mhandles, void **phandles, void **request);
 int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **mhandles,
                  void **request);
 int erdma_test(void *request, int *done, int *sizes);

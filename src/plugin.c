@@ -117,12 +117,12 @@ static ncclResult_t api_listen(int dev, void *handle, void **lc) {
 }
 
 static ncclResult_t api_isend(void *sc, void *data, size_t size, int tag, void *mh, void **req) {
-    return to_nccl(erdma_isend(sc, data, size, tag, mh, req));
+    return to_nccl(erdma_isend(sc, data, size, tag, mh, NULL, req));
 }
 
 static ncclResult_t api_irecv(void *rc, int n, void **data, size_t *sizes, int *tags, void **mh,
                               void **req) {
-    return to_nccl(erdma_irecv(rc, n, data, sizes, tags, mh, req));
+    return to_nccl(erdma_irecv(rc, n, data, sizes, tags, mh, NULL, req));
 }
 
 /* ------------------------------------------------------------ properties */
@@ -210,7 +210,7 @@ static ncclResult_t api_isend_v8(void *sc, void *data, int size, int tag, void *
         WARN("isend: negative size %d", size);
         return ncclInvalidArgument;
     }
-    return to_nccl(erdma_isend(sc, data, (size_t)size, tag, mh, req));
+    return to_nccl(erdma_isend(sc, data, (size_t)size, tag, mh, NULL, req));
 }
 
 static ncclResult_t api_irecv_v8(void *rc, int n, void **data, int *sizes, int *tags, void **mh,
@@ -227,7 +227,7 @@ static ncclResult_t api_irecv_v8(void *rc, int n, void **data, int *sizes, int *
         }
         wide[i] = (size_t)sizes[i];
     }
-    return to_nccl(erdma_irecv(rc, n, data, wide, tags, mh, req));
+    return to_nccl(erdma_irecv(rc, n, data, wide, tags, mh, NULL, req));
 }
 
 /* ------------------------------------------------------------ v10 (profiler, tc at connect) */
@@ -243,12 +243,12 @@ static ncclResult_t api_connect_v10(int dev, ncclNetCommConfig_t *config, void *
 
 static ncclResult_t api_isend_v10(void *sc, void *data, size_t size, int tag, void *mh,
                                   void *phandle, void **req) {
-    return api_isend(sc, data, size, tag, mh, req);
+    return to_nccl(erdma_isend(sc, data, size, tag, mh, phandle, req));
 }
 
 static ncclResult_t api_irecv_v10(void *rc, int n, void **data, size_t *sizes, int *tags, void **mh,
                                   void **phandles, void **req) {
-    return api_irecv(rc, n, data, sizes, tags, mh, req);
+    return to_nccl(erdma_irecv(rc, n, data, sizes, tags, mh, phandles, req));
 }
 
 /* ------------------------------------------------------------ v11/v12 (per-communicator context)
