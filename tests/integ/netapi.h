@@ -15,13 +15,18 @@
 
 struct netapi {
     struct plugin p;
-    int version; /* 8 or 12 */
-    void *ctx;   /* v12 context */
+    int version; /* 8, 10, 11 or 12 */
+    void *ctx;   /* v11/v12 context */
     int dev;
+    /* v10+: what isend hands the plugin as NCCL's profiler handle; irecv hands buffer i
+     * phandle + i. NULL: none, as before. */
+    char *phandle;
 };
 
 /* Opens the plugin, inits it, and finds the device by name. 0 or -1 (message printed). */
 int net_open(struct netapi *n, int version, const char *devname);
+/* The same, handing init a profiler callback (v10+), as NCCL does. */
+int net_open_prof(struct netapi *n, int version, const char *devname, ncclProfilerCallback_t prof);
 void net_close(struct netapi *n);
 int net_listen(struct netapi *n, void *handle, void **lc);
 /* Retries until connected/accepted or timeout_s passes; returns the ncclResult_t. */
