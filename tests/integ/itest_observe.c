@@ -121,7 +121,7 @@ static int check_events(const struct cfg *c, int dev, bool sender, uint32_t *qpn
 }
 
 /* `rdma res show qp` must list a QP numbered local whose remote end is remote. iWARP QPs
- * (siw) have no remote QP number there: both numbers must then be QPs of this device. */
+ * (siw) show remote QP number 0 there: both numbers must then be QPs of this device. */
 static int qp_pair_listed(const char *dev, uint32_t local, uint32_t remote) {
     char cmd[128], line[1024], pair[64], l_only[32], r_only[32];
     snprintf(cmd, sizeof(cmd), "rdma res show qp link %s 2>&1", dev);
@@ -135,7 +135,7 @@ static int qp_pair_listed(const char *dev, uint32_t local, uint32_t remote) {
         found |= strstr(line, pair) != NULL;
         if (strstr(line, l_only)) {
             l_seen = true;
-            l_has_remote |= strstr(line, "rqpn") != NULL;
+            l_has_remote |= strstr(line, "rqpn") && !strstr(line, "rqpn 0 ");
             if (!found) fprintf(stderr, "  %s", line);
         }
         r_seen |= strstr(line, r_only) != NULL;
