@@ -14,6 +14,8 @@
 #   LAT_SIZES [8 64 512 4K 64K]  BW_BYTES [64M timed bytes per size]
 #   LAT_ITERS [1000]  LAT_ROUNDS [3]  BW_ROUNDS [3]  LAT_DEPTH [8 receives posted]  WINDOW [16]  API [12]
 #   BENCH_EXTRA [extra erdma_bench flags]
+#   FLOOR_MODE [imm+cts]  verbs_floor's mode: imm+cts (batched clear-to-sends) or netib
+#                         (net_ib's algorithm: one inlined clear-to-send per receive)
 # Latency drifts by 20-40 % within one boot of the emulated VM, and bandwidth
 # drops by as much for seconds at a time, so both are measured in rounds
 # (LAT_ROUNDS, BW_ROUNDS), perftest and plugin alternating, and the table gives
@@ -42,7 +44,7 @@ if [ "${1:-}" != --inside ]; then
   for f in "$BUILD_DIR/bench/erdma_bench" "$BUILD_DIR/bench/verbs_floor" "$BUILD_DIR/src/libnccl-net-erdma.so"; do
     [ -e "$f" ] || { echo "missing $f: build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR -j2)" >&2; exit 2; }
   done
-  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${LAT_SIZES:+ LAT_SIZES='$LAT_SIZES'}${LAT_ROUNDS:+ LAT_ROUNDS=$LAT_ROUNDS}${BW_ROUNDS:+ BW_ROUNDS=$BW_ROUNDS}${LAT_ITERS:+ LAT_ITERS=$LAT_ITERS}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
+  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${LAT_SIZES:+ LAT_SIZES='$LAT_SIZES'}${LAT_ROUNDS:+ LAT_ROUNDS=$LAT_ROUNDS}${BW_ROUNDS:+ BW_ROUNDS=$BW_ROUNDS}${LAT_ITERS:+ LAT_ITERS=$LAT_ITERS}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${FLOOR_MODE:+ FLOOR_MODE=$FLOOR_MODE}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
   if [ -n "$OUT_FILE" ]; then
     mkdir -p "$(dirname "$OUT_FILE")"
     tests/vm/run-in-rdma-vm.sh bench/run-vm-bench.sh --inside "${@:-rxe0 siw0}" | tee "$OUT_FILE"
@@ -66,6 +68,7 @@ LAT_ITERS=${LAT_ITERS:-1000}
 LAT_ROUNDS=${LAT_ROUNDS:-3}
 BW_ROUNDS=${BW_ROUNDS:-3}
 LAT_DEPTH=${LAT_DEPTH:-8}
+FLOOR_MODE=${FLOOR_MODE:-imm+cts}
 WINDOW=${WINDOW:-16}
 API=${API:-12}
 TRIES=${PERFTEST_TRIES:-3}
@@ -173,8 +176,9 @@ measure() {
       LATPS[$b]+=" ${out:--}" # "-" keeps the rounds aligned when perftest failed
       echo "   $s: ${LATPS[$b]:-FAILED} us" >&2
       if has_floor "$dev"; then # the protocol's raw-verbs floor, in the same round
-        out=$(timeout 150 "$FLOOR" -d "$dev" -m imm+cts -s "$b" -n "$LAT_ITERS" -D "$LAT_DEPTH" 2>&1) || out=
-        out=$(echo "$out" | awk -v b="$b" '$1 == "imm+cts" && $2 == b {print $7; exit}' | finite)
+        depth=(-D "$LAT_DEPTH"); [ "$FLOOR_MODE" = netib ] && depth=() # netib has no batches
+        out=$(timeout 150 "$FLOOR" -d "$dev" -m "$FLOOR_MODE" -s "$b" -n "$LAT_ITERS" "${depth[@]}" 2>&1) || out=
+        out=$(echo "$out" | awk -v b="$b" -v m="$FLOOR_MODE" '$1 == m && $2 == b {print $7; exit}' | finite)
         LATFS[$b]+=" ${out:--}"
         echo "   $s: floor ${LATFS[$b]} us" >&2
       fi
@@ -241,7 +245,11 @@ table() {
     lf=$(median ${LATFS[$b]:-})
     echo "| $(human "$b") | ${lp:-FAILED} | ${lf:--} | ${lx:-FAILED} | $(ratio "$lx" "$lp") | $(ratio_range "${LATXS[$b]:-}" "${LATPS[$b]:-}") | $(ratio "$lf" "$lp") | $(ratio "$lx" "$lf") |"
   done
-  if has_floor "$dev"; then
+  if has_floor "$dev" && [ "$FLOOR_MODE" = netib ]; then
+    echo
+    echo "floor: \`verbs_floor -m netib\`, net_ib's algorithm in raw verbs: write-with-immediate" \
+         "polled on a CQ, plus one inlined clear-to-send write per receive on each side."
+  elif has_floor "$dev"; then
     echo
     echo "floor: \`verbs_floor -m imm+cts -D $LAT_DEPTH\`, the same protocol in raw verbs: write-with-immediate" \
          "polled on a CQ, plus one batched clear-to-send write per $((LAT_DEPTH - 1)) messages on each side."

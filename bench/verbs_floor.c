@@ -10,8 +10,11 @@
  *   imm+cts  imm, plus on each side one more RDMA write of (D-1) 32-byte entries
  *            every D-1 messages: the batched clear-to-send of a receiver that
  *            keeps D receives posted (NCCL_STEPS = 8) and writes them in batches
- * So `imm+cts` is what a rendezvous protocol like net_ib's costs on this device
- * with no software of its own, and the plugin's figure is read against it.
+ *   netib    net_ib's own algorithm (transport/net_ib/p2p.cc): imm, plus one inlined
+ *            clear-to-send write of one 32-byte entry for every receive, posted
+ *            as soon as the receive is (no batching; -D does not change it)
+ * So `imm+cts` and `netib` are what a rendezvous protocol costs on this device
+ * with no software of its own, and the plugin's figure is read against them.
  *
  * Unlike the plugin it links libibverbs and calls it directly: it is the
  * reference the plugin is measured against, not a part of it.
@@ -35,7 +38,7 @@
 #define MAX_INLINE 96 /* eRDMA's inline limit, which the plugin respects */
 #define BUF_BYTES  (1 << 20)
 
-enum mode { MODE_WRITE, MODE_IMM, MODE_IMM_CTS };
+enum mode { MODE_WRITE, MODE_IMM, MODE_IMM_CTS, MODE_NETIB };
 enum wr_kind { WR_DATA = 1, WR_CTS = 2 };
 
 struct opts {
@@ -101,7 +104,9 @@ static void post_recv(struct side *s) {
 
 static void post_write(struct side *s, enum wr_kind kind, uint32_t seq) {
     bool data = kind == WR_DATA;
-    uint32_t len = data ? (uint32_t)s->o->size : (uint32_t)(s->o->depth - 1) * CTS_ENTRY;
+    uint32_t len = data                       ? (uint32_t)s->o->size
+                   : s->o->mode == MODE_NETIB ? CTS_ENTRY
+                                              : (uint32_t)(s->o->depth - 1) * CTS_ENTRY;
     uint64_t off = data ? s->o->size : 2 * s->o->size;
     struct ibv_sge sge = {.addr = (uintptr_t)s->buf + off, .length = len, .lkey = s->mr->lkey};
     struct ibv_send_wr wr = {
@@ -110,7 +115,8 @@ static void post_write(struct side *s, enum wr_kind kind, uint32_t seq) {
         .num_sge = 1,
         .opcode = data && s->o->mode != MODE_WRITE ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
         /* The data write is signaled, as each of the plugin's is; the others retire with it.
-         * Up to 96 bytes go inline, as the plugin's do by default (NCCL_IB_USE_INLINE=1). */
+         * Up to 96 bytes go inline, as the plugin's payloads (NCCL_ERDMA_INLINE_PAYLOAD=1) and
+         * clear-to-sends (NCCL_IB_USE_INLINE=1) do by default. */
         .send_flags = (data ? IBV_SEND_SIGNALED : 0) | (len <= MAX_INLINE ? IBV_SEND_INLINE : 0),
         .imm_data = htonl(seq),
         .wr.rdma = {.remote_addr = s->peer.addr + (data ? 0 : 2 * s->o->size),
@@ -222,7 +228,10 @@ static void side_setup(struct side *s, int in_fd, int out_fd) {
 }
 
 /* One ping-pong run. Each side keeps one data write in flight, like ib_write_lat (TX depth
- * 1), and in imm+cts mode writes a batch of clear-to-sends after every depth-1 messages. */
+ * 1), and in imm+cts mode writes a batch of clear-to-sends after every depth-1 messages; in
+ * netib mode each side posts the receive that replaces the one a message consumed, with its
+ * clear-to-send, as soon as the message is in (the server before it answers, as NCCL posts its
+ * next irecv before it sends; the client's lands inside its round trip). */
 static void side_run(struct side *s) {
     const struct opts *o = s->o;
     static double rtt[MAX_ITERS];
@@ -235,21 +244,26 @@ static void side_run(struct side *s) {
             prev = t;
         } else {
             wait_message(s, seq);
+            if (o->mode == MODE_NETIB) post_write(s, WR_CTS, 0);
         }
         post_write(s, WR_DATA, seq);
-        if (s->client) wait_message(s, seq);
+        if (s->client) {
+            wait_message(s, seq);
+            if (o->mode == MODE_NETIB) post_write(s, WR_CTS, 0);
+        }
         if (o->mode == MODE_IMM_CTS && seq % (uint32_t)(o->depth - 1) == 0)
             post_write(s, WR_CTS, 0);
         poll_until(s, 0, seq);
     }
     if (s->client) {
-        static const char *names[] = {"write", "imm", "imm+cts"};
+        static const char *names[] = {"write", "imm", "imm+cts", "netib"};
         lat_print_row(names[o->mode], o->size, rtt, (uint64_t)o->iters);
     }
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: verbs_floor -d DEV [-m write|imm|imm+cts] [-x GID_INDEX (1)] [-s SIZE (8)]\n"
+    fprintf(f, "usage: verbs_floor -d DEV [-m write|imm|imm+cts|netib] [-x GID_INDEX (1)] [-s SIZE "
+               "(8)]\n"
                "                   [-n ITERS (1000)] [-D RECEIVES_POSTED (8)] [--header]\n"
                "A raw-verbs ping-pong on a RoCE device (GID addressing); see the source's "
                "header.\n");
@@ -288,8 +302,10 @@ int main(int argc, char **argv) {
                 o.mode = MODE_IMM;
             else if (!strcmp(optarg, "imm+cts"))
                 o.mode = MODE_IMM_CTS;
+            else if (!strcmp(optarg, "netib"))
+                o.mode = MODE_NETIB;
             else
-                die("unknown mode %s (write, imm or imm+cts)", optarg);
+                die("unknown mode %s (write, imm, imm+cts or netib)", optarg);
             break;
         case 'h':
             usage(stdout);

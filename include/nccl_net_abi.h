@@ -153,6 +153,7 @@ typedef struct {
     int16_t railId;
     int16_t planeId;
 } ncclNetProperties_v12_t;
+#define NCCL_NET_ID_UNDEF (-1) /* railId/planeId: not set by the user */
 
 #define NCCL_NET_TRAFFIC_CLASS_UNDEF (-1)
 typedef struct {

@@ -36,14 +36,23 @@ static void handle_event(struct ibv_context *ctx, const struct ibv_async_event *
             break;
         case IBV_EVENT_PORT_ERR:
             if (ev->element.port_num != d->port) break;
+            __atomic_add_fetch(&d->port_downs, 1, __ATOMIC_ACQ_REL);
             __atomic_store_n(&d->fatal, -ENETDOWN, __ATOMIC_RELEASE);
-            WARN("%s:%d: port went down (%s): check the link of %s", d->name, d->port, what,
-                 d->netdev[0] ? d->netdev : "its netdev");
+            WARN("%s:%d: port went down (%s): check the link of %s; its connections fail, new "
+                 "ones work once the port is active again",
+                 d->name, d->port, what, d->netdev[0] ? d->netdev : "its netdev");
             break;
-        case IBV_EVENT_PORT_ACTIVE:
+        case IBV_EVENT_PORT_ACTIVE: {
             if (ev->element.port_num != d->port) break;
-            INFO(NCCL_NET, "%s:%d: port active again", d->name, d->port);
+            /* a link flap is not a device failure: connections made from now on work, the
+             * ones the down broke stay failed (port_downs); a device fatal error stays */
+            int down = -ENETDOWN;
+            __atomic_compare_exchange_n(&d->fatal, &down, 0, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE);
+            INFO(NCCL_NET, "%s:%d: port active again; new connections can use it", d->name,
+                 d->port);
             break;
+        }
         case IBV_EVENT_QP_FATAL:
         case IBV_EVENT_QP_REQ_ERR:
         case IBV_EVENT_QP_ACCESS_ERR:
@@ -56,7 +65,11 @@ static void handle_event(struct ibv_context *ctx, const struct ibv_async_event *
             TRACE(NCCL_NET, "%s: async event %s", d->name, what);
             break;
         }
-        return; /* several ports share a context: the event names its port */
+        /* several ports (devices) share a context: a port event is checked against each
+         * one's port above; any other event is reported once */
+        if (ev->event_type != IBV_EVENT_PORT_ERR && ev->event_type != IBV_EVENT_PORT_ACTIVE &&
+            ev->event_type != IBV_EVENT_DEVICE_FATAL)
+            return;
     }
 }
 

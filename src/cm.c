@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -239,8 +240,9 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
 }
 
 /* ------------------------------------------------------------ receiver */
+/* A rejected request's id is ours to destroy (after its event is acked): *drop is set to it. */
 static int accept_request(struct listen_comm *lc, struct recv_comm *rc, struct rdma_cm_event *ev,
-                          uint64_t nonce) {
+                          uint64_t nonce, struct rdma_cm_id **drop) {
     struct erdma_device *dev = lc->base.dev;
     char peer[64], why[160];
     int i = -1;
@@ -254,17 +256,20 @@ static int accept_request(struct listen_comm *lc, struct recv_comm *rc, struct r
     if (bad) {
         WARN("%s: rejecting an rdma_cm connection from %s: %s", dev->name, peer, why);
         vb.cm_reject(ev->id, NULL, 0);
+        *drop = ev->id;
         return 0;
     }
     struct qp_ctx *q = &rc->c.qps[i];
     if (ev->id->verbs != dev->ctx) {
         WARN("%s: rdma_cm delivered %s's connection on another device", dev->name, peer);
         vb.cm_reject(ev->id, NULL, 0);
+        *drop = ev->id;
         return -EHOSTUNREACH;
     }
     int ret = cm_create_qp(ev->id, &rc->c, false, q);
     if (ret) {
         vb.cm_reject(ev->id, NULL, 0);
+        *drop = ev->id;
         return ret;
     }
     ev->id->context = (void *)(intptr_t)i;
@@ -287,9 +292,10 @@ int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t no
     struct rdma_cm_event *ev;
     int ret;
     while ((ret = cm_next_event(lc->cm_ch, &ev)) == 1) {
+        struct rdma_cm_id *drop = NULL;
         switch (ev->event) {
         case RDMA_CM_EVENT_CONNECT_REQUEST:
-            ret = accept_request(lc, rc, ev, nonce);
+            ret = accept_request(lc, rc, ev, nonce, &drop);
             break;
         case RDMA_CM_EVENT_ESTABLISHED: {
             int i = (int)(intptr_t)ev->id->context;
@@ -302,6 +308,7 @@ int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t no
             break;
         }
         vb.cm_ack_cm_event(ev);
+        if (drop) vb.cm_destroy_id(drop);
         if (ret) return ret;
     }
     if (ret < 0) return ret;
@@ -317,7 +324,17 @@ int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t no
 }
 
 /* ------------------------------------------------------------ flush loopback */
-static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, int *up) {
+/* The loopback listener is bound to the device's address, reachable from the network while it
+ * is set up: only one request, from our own address, is taken; anything else is rejected and
+ * its id destroyed. */
+static bool flush_request_is_ours(struct recv_comm *rc, struct rdma_cm_event *ev) {
+    const struct sockaddr_in *from = (const struct sockaddr_in *)&ev->id->route.addr.dst_addr;
+    const struct erdma_device *dev = rc->c.base.dev;
+    return !rc->flush_peer.qp && from->sin_family == AF_INET &&
+           from->sin_addr.s_addr == dev->ip.sin_addr.s_addr;
+}
+
+static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, struct rdma_cm_id **drop) {
     struct conn *c = &rc->c;
     struct rdma_conn_param param;
     int ret = 0;
@@ -331,12 +348,21 @@ static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, int *up) 
         if (!ret && vb.cm_connect(ev->id, &param)) ret = -errno;
         break;
     case RDMA_CM_EVENT_CONNECT_REQUEST:
+        if (!flush_request_is_ours(rc, ev)) {
+            char peer[64];
+            oob_format((struct sockaddr_in *)&ev->id->route.addr.dst_addr, peer, sizeof(peer));
+            WARN("%s: rejecting an rdma_cm connection from %s to the flush loopback",
+                 c->base.dev->name, peer);
+            vb.cm_reject(ev->id, NULL, 0);
+            *drop = ev->id;
+            break;
+        }
         ret = cm_create_qp(ev->id, c, false, &rc->flush_peer);
         conn_param(&param, NULL);
         if (!ret && vb.cm_accept(ev->id, &param)) ret = -errno;
         break;
     case RDMA_CM_EVENT_ESTABLISHED:
-        (*up)++;
+        if (ev->id == rc->flush_qp.cm_id || ev->id == rc->flush_peer.cm_id) rc->flush_up++;
         break;
     default:
         ret = cm_fail(c->base.dev, "itself (flush loopback)", ev, "loopback");
@@ -345,7 +371,8 @@ static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, int *up) 
     return ret;
 }
 
-int cm_flush_loopback(struct recv_comm *rc) {
+/* Starts the loopback; cm_flush_progress() finishes it, one non-blocking step per accept(). */
+int cm_flush_start(struct recv_comm *rc) {
     struct erdma_device *dev = rc->c.base.dev;
     struct sockaddr_in addr = dev->ip;
     struct rdma_cm_id *active;
@@ -363,33 +390,31 @@ int cm_flush_loopback(struct recv_comm *rc) {
     if (vb.cm_resolve_addr(active, (struct sockaddr *)&addr, (struct sockaddr *)&dst,
                            CM_RESOLVE_MS))
         goto err_errno;
-    uint64_t deadline = now_ns() + 5000000000ull;
-    int up = 0;
-    while (up < 2) {
-        struct rdma_cm_event *ev;
-        ret = cm_next_event(rc->flush_ch, &ev);
-        if (ret < 0) break;
-        if (ret == 0) {
-            if (now_ns() > deadline) {
-                ret = -ETIMEDOUT;
-                break;
-            }
-            continue;
-        }
-        ret = flush_event(rc, ev, &up);
-        vb.cm_ack_cm_event(ev);
-        if (ret) break;
-    }
-    if (up == 2) {
-        rc->flush_ready = true;
-        return 0;
-    }
-    WARN("%s: cannot set up the flush loopback through rdma_cm: %s", dev->name, strerror(-ret));
-    return ret ? ret : -EIO;
+    rc->flush_up = 0;
+    return 0;
 err_errno:
     ret = errno ? -errno : -EINVAL;
     WARN("%s: cannot set up the flush loopback through rdma_cm: %s", dev->name, strerror(-ret));
     return ret;
+}
+
+int cm_flush_progress(struct recv_comm *rc) {
+    int ret;
+    struct rdma_cm_event *ev;
+    while (rc->flush_up < 2 && (ret = cm_next_event(rc->flush_ch, &ev)) == 1) {
+        struct rdma_cm_id *drop = NULL;
+        ret = flush_event(rc, ev, &drop);
+        vb.cm_ack_cm_event(ev);
+        if (drop) vb.cm_destroy_id(drop);
+        if (ret) {
+            WARN("%s: cannot set up the flush loopback through rdma_cm: %s", rc->c.base.dev->name,
+                 strerror(-ret));
+            return ret;
+        }
+    }
+    if (rc->flush_up < 2) return ret < 0 ? ret : 0;
+    rc->flush_ready = true;
+    return 1;
 }
 
 void cm_flush_release(struct recv_comm *rc) {
@@ -432,7 +457,12 @@ void cm_disconnect_all(struct conn *c) {
         struct rdma_cm_event *ev;
         int ret = cm_next_event(c->cm_ch, &ev);
         if (ret < 0) break;
-        if (ret == 0) continue;
+        if (ret == 0) { /* sleep until the next event instead of spinning in NCCL's thread */
+            uint64_t t = now_ns();
+            struct pollfd p = {.fd = c->cm_ch->fd, .events = POLLIN};
+            if (t < deadline) poll(&p, 1, (int)((deadline - t) / 1000000ull) + 1);
+            continue;
+        }
         if (ev->event == RDMA_CM_EVENT_DISCONNECTED) pending--;
         vb.cm_ack_cm_event(ev);
     }

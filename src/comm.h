@@ -64,7 +64,8 @@ struct conn {
     struct qp_ctx qps[ERDMA_MAX_QPS];
     enum completion_mode completion;
     bool split;
-    bool inline_payload; /* NCCL_IB_USE_INLINE: payloads <= max_inline go inline */
+    bool inline_payload; /* NCCL_ERDMA_INLINE_PAYLOAD: payloads <= max_inline go inline */
+    bool inline_cts;     /* NCCL_IB_USE_INLINE: clear-to-sends go inline */
     void *ctrl;          /* registered control region (FIFO / records / ring) */
     size_t ctrl_len;
     struct ibv_mr *ctrl_mr;
@@ -75,6 +76,8 @@ struct conn {
     uint64_t polls_since_check;
     uint64_t last_check_ns;
     uint64_t peer_bye_ns; /* when the peer's goodbye was first seen; 0 before */
+    /* the device's port_downs when this connection was made */
+    unsigned port_downs;
     struct rdma_event_channel *cm_ch;
     struct stats_conn stats; /* registered once the connection is up */
 };
@@ -139,6 +142,7 @@ struct recv_comm {
     struct qp_ctx flush_peer;
     struct rdma_cm_id *flush_listen;
     struct rdma_event_channel *flush_ch;
+    int flush_up; /* rdma_cm loopback: ends established (2 = ready) */
     struct erdma_request reqs[ERDMA_RECV_REQS];
     void *prof_ev[ERDMA_FIFO_DEPTH][ERDMA_MAX_RECVS][ERDMA_MAX_QPS]; /* as the sender's */
 };

@@ -60,6 +60,7 @@ int conn_sq_depth(const struct erdma_device *dev, bool sender) {
 int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len) {
     c->base.dev = dev;
     c->fd = -1;
+    c->port_downs = __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE);
     c->nqps = nqps;
     c->cq_depth = nqps * (conn_sq_depth(dev, true) + ERDMA_RQ_DEPTH) + 2 * ERDMA_FIFO_DEPTH;
     if (dev->max_cqe > 0 && c->cq_depth > dev->max_cqe) c->cq_depth = dev->max_cqe;
@@ -221,7 +222,7 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     sc->records = (struct wire_record *)((char *)sc->c.ctrl + SEND_CTRL_RECORDS);
     sc->c.split = param_int(P_IB_SPLIT_DATA_ON_QPS) != 0;
     sc->c.completion = dev->completion;
-    sc->c.inline_payload = param_int(P_IB_USE_INLINE) != 0;
+    sc->c.inline_payload = param_int(P_ERDMA_INLINE_PAYLOAD) != 0;
 
     struct wire_conn_msg *m = &st->msg;
     memset(m, 0, sizeof(*m));
@@ -243,6 +244,11 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     m->ctrl_addr = (uintptr_t)sc->fifo;
     m->ctrl_rkey = sc->c.ctrl_mr->rkey;
     m->max_msg_sz = dev->max_msg_sz;
+    struct qp_params qpp;
+    qp_params_from_env(&qpp, st->tc);
+    m->tc = (uint8_t)qpp.tc;
+    m->sl = (uint8_t)qpp.sl;
+    m->qos_set = 1;
     wire_msg_seal(m, MSG_HELLO);
     return 0;
 }
@@ -254,6 +260,12 @@ static int connect_apply_reply(struct connect_state *st, struct erdma_device *de
     int rc = wire_msg_check(m, MSG_REPLY, why, sizeof(why));
     if (!rc && (m->nonce != st->peer.nonce || m->nqps != sc->c.nqps)) {
         snprintf(why, sizeof(why), "reply for another connection (nonce or QP count differ)");
+        rc = -EPROTO;
+    }
+    if (!rc && m->connect_mode != dev->connect_mode) {
+        snprintf(why, sizeof(why), "reply in %s mode to our %s-mode hello",
+                 m->connect_mode == CONNECT_GID ? "GID" : "rdma_cm",
+                 dev->connect_mode == CONNECT_GID ? "GID" : "rdma_cm");
         rc = -EPROTO;
     }
     if (!rc && m->completion == COMPLETION_IMM && dev->completion == COMPLETION_SEND) {
@@ -424,8 +436,32 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
     return 0;
 }
 
+void erdma_connect_sweep(void) {
+    pthread_mutex_lock(&connect_lock);
+    struct connect_state *st = connect_states;
+    connect_states = NULL;
+    pthread_mutex_unlock(&connect_lock);
+    while (st) {
+        struct connect_state *next = st->next;
+        INFO(NCCL_NET, "%s: releasing an unfinished connect to %s", st->sc->c.base.dev->name,
+             st->sc->c.peer);
+        /* NCCL's handle buffer may be gone by now: its state slot is not touched */
+        send_comm_free(st->sc);
+        free(st);
+        st = next;
+    }
+}
+
 /* ------------------------------------------------------------ accept */
-enum accept_stage { AS_TCP_ACCEPT, AS_RECV_HELLO, AS_SEND_REPLY, AS_CM, AS_RECV_READY, AS_WARMUP };
+enum accept_stage {
+    AS_TCP_ACCEPT,
+    AS_RECV_HELLO,
+    AS_SEND_REPLY,
+    AS_CM,
+    AS_CM_FLUSH,
+    AS_RECV_READY,
+    AS_WARMUP
+};
 
 struct accept_state {
     struct recv_comm *rc;
@@ -479,6 +515,7 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     rc->ring = (struct wire_record *)((char *)rc->c.ctrl + RECV_CTRL_RING);
     rc->c.split = m->split;
     rc->cts_batch = (int)param_int(P_ERDMA_CTS_BATCH);
+    rc->c.inline_cts = param_int(P_IB_USE_INLINE) != 0;
     for (int q = 0; q < m->nqps; q++)
         rc->next_seq[q] = rc->c.split ? 0 : (uint32_t)q;
     rc->c.completion = (m->completion == COMPLETION_SEND || dev->completion == COMPLETION_SEND)
@@ -493,7 +530,7 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     memset(&reply, 0, sizeof(reply));
     if (dev->connect_mode == CONNECT_GID) {
         struct qp_params qpp;
-        qp_params_from_env(&qpp, -1);
+        qp_params_for_receiver(&qpp, m->qos_set == 1, m->tc, m->sl & 0xf);
         enum ibv_mtu mtu = m->mtu < dev->active_mtu ? (enum ibv_mtu)m->mtu : dev->active_mtu;
         for (int i = 0; i < rc->c.nqps; i++) {
             ret =
@@ -536,44 +573,78 @@ static void accept_state_free(struct accept_state *as) {
     free(as);
 }
 
-/* Before a valid hello the peer is nobody we know (a port scan, a stale or foreign peer):
- * reject it and keep waiting for the real one instead of failing NCCL's accept. */
-static int drop_stray_peer(struct listen_comm *lc, struct accept_state *as, const char *why) {
+/* Before a valid hello the peer is nobody we know (a port scan, a health probe, a stale or
+ * foreign peer): drop it and keep waiting for the real one instead of failing NCCL's accept. */
+static void drop_stray_peer(struct listen_comm *lc, int i, const char *why) {
+    struct accept_state *as = lc->candidates[i];
     WARN("%s: rejecting connection from %s: %s; still waiting for the expected peer",
          lc->base.dev->name, as->peer, why);
     stats_event(lc->base.dev->index, STATS_ACCEPT_REJECT);
-    close(as->fd);
-    as->fd = -1;
-    as->stage = AS_TCP_ACCEPT;
-    as->io_done = 0;
-    as->peer[0] = 0;
-    return 0;
+    accept_state_free(as);
+    lc->candidates[i] = lc->candidates[--lc->ncandidates];
 }
 
-static int accept_step(struct listen_comm *lc, struct accept_state *as) {
+/* The most candidates served at once; past it the oldest is dropped for the newest. */
+#define ACCEPT_MAX_CANDIDATES 32
+
+/* Every accepted socket is read at once, each with a short hello deadline of its own
+ * (NCCL_ERDMA_HELLO_TIMEOUT), so idle clients never delay the peer queued behind them: a
+ * real peer sends its hello right after its TCP connect. 1 with lc->pending set to a
+ * candidate whose hello is valid, 0 none yet, -errno when the listening socket fails. */
+static int accept_candidates(struct listen_comm *lc) {
     struct erdma_device *dev = lc->base.dev;
-    char why[160];
-    int rc;
-    switch (as->stage) {
-    case AS_TCP_ACCEPT: {
-        struct sockaddr_in peer;
-        rc = oob_accept(lc->fd, &as->fd, &peer);
-        if (rc <= 0) return rc;
-        oob_format(&peer, as->peer, sizeof(as->peer));
-        /* from here on the peer is known: the handshake is bounded */
-        as->deadline = now_ns() + (uint64_t)param_int(P_ERDMA_CONNECT_TIMEOUT) * 1000000000ull;
-        as->stage = AS_RECV_HELLO;
-        as->io_done = 0;
+    long hello_s = param_int(P_ERDMA_HELLO_TIMEOUT);
+    if (hello_s > param_int(P_ERDMA_CONNECT_TIMEOUT)) hello_s = param_int(P_ERDMA_CONNECT_TIMEOUT);
+    if (!lc->candidates) {
+        lc->candidates = calloc(ACCEPT_MAX_CANDIDATES, sizeof(*lc->candidates));
+        if (!lc->candidates) return -ENOMEM;
     }
-        /* fall through */
-    case AS_RECV_HELLO:
-        rc = oob_recv_progress(as->fd, &as->msg, sizeof(as->msg), &as->io_done);
+    for (;;) {
+        struct sockaddr_in peer;
+        int fd = -1;
+        int rc = oob_accept(lc->fd, &fd, &peer);
+        if (rc < 0) return rc;
+        if (rc == 0) break;
+        struct accept_state *as = calloc(1, sizeof(*as));
+        if (!as) {
+            close(fd);
+            return -ENOMEM;
+        }
+        as->fd = fd;
+        oob_format(&peer, as->peer, sizeof(as->peer));
+        as->stage = AS_RECV_HELLO;
+        as->deadline = now_ns() + (uint64_t)hello_s * 1000000000ull;
+        if (lc->ncandidates == ACCEPT_MAX_CANDIDATES) {
+            int oldest = 0;
+            for (int i = 1; i < lc->ncandidates; i++)
+                if (lc->candidates[i]->deadline < lc->candidates[oldest]->deadline) oldest = i;
+            drop_stray_peer(lc, oldest, "too many clients are connecting without a hello");
+        }
+        lc->candidates[lc->ncandidates++] = as;
+    }
+    uint64_t t = now_ns();
+    for (int i = 0; i < lc->ncandidates;) {
+        struct accept_state *as = lc->candidates[i];
+        char why[160];
+        int rc = oob_recv_progress(as->fd, &as->msg, sizeof(as->msg), &as->io_done);
         if (rc < 0) {
             snprintf(why, sizeof(why), "it closed the connection before its hello (%s)",
                      strerror(-rc));
-            return drop_stray_peer(lc, as, why);
+            drop_stray_peer(lc, i, why);
+            continue;
         }
-        if (rc == 0) return 0;
+        if (rc == 0) {
+            if (t > as->deadline) {
+                snprintf(why, sizeof(why),
+                         "it sent no complete hello within NCCL_ERDMA_HELLO_TIMEOUT=%lds (%zu "
+                         "of %zu bytes)",
+                         hello_s, as->io_done, sizeof(as->msg));
+                drop_stray_peer(lc, i, why);
+                continue;
+            }
+            i++;
+            continue;
+        }
         rc = wire_msg_check(&as->msg, MSG_HELLO, why, sizeof(why));
         if (!rc && as->msg.nonce != lc->nonce) {
             snprintf(why, sizeof(why), "it used a stale handle (from an earlier listen)");
@@ -585,7 +656,27 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
                      dev->connect_mode == CONNECT_GID ? "GID" : "rdma_cm");
             rc = -EPROTO;
         }
-        if (rc) return drop_stray_peer(lc, as, why);
+        if (rc) {
+            drop_stray_peer(lc, i, why);
+            continue;
+        }
+        /* from here on the peer is known: the rest of the handshake gets the full timeout */
+        lc->candidates[i] = lc->candidates[--lc->ncandidates];
+        as->deadline = t + (uint64_t)param_int(P_ERDMA_CONNECT_TIMEOUT) * 1000000000ull;
+        lc->pending = as;
+        return 1;
+    }
+    return 0;
+}
+
+static int accept_step(struct listen_comm *lc, struct accept_state *as) {
+    struct erdma_device *dev = lc->base.dev;
+    char why[160];
+    int rc;
+    switch (as->stage) {
+    case AS_TCP_ACCEPT: /* candidates are accepted by accept_candidates() */
+        return -ENOTRECOVERABLE;
+    case AS_RECV_HELLO: /* complete and valid */
         rc = recv_comm_setup(as, dev);
         if (rc) return rc;
         as->stage = AS_SEND_REPLY;
@@ -602,9 +693,17 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
     case AS_CM:
         rc = cm_accept_progress(lc, as->rc, lc->nonce);
         if (rc <= 0) return rc;
+        as->stage = AS_RECV_READY;
         if (flush_wanted(dev)) {
-            rc = cm_flush_loopback(as->rc);
+            rc = cm_flush_start(as->rc);
             if (rc) return rc;
+            as->stage = AS_CM_FLUSH;
+        }
+        /* fall through */
+    case AS_CM_FLUSH:
+        if (as->stage == AS_CM_FLUSH) { /* bounded by the handshake's deadline */
+            rc = cm_flush_progress(as->rc);
+            if (rc <= 0) return rc;
         }
         as->stage = AS_RECV_READY;
         as->io_done = 0;
@@ -614,6 +713,10 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
         rc = oob_recv_progress(as->rc->c.fd, &as->msg, sizeof(as->msg), &as->io_done);
         if (rc <= 0) return rc;
         rc = wire_msg_check(&as->msg, MSG_READY, why, sizeof(why));
+        if (!rc && as->msg.nonce != lc->nonce) {
+            snprintf(why, sizeof(why), "it is for another connection (nonce differs)");
+            rc = -EPROTO;
+        }
         if (rc) {
             WARN("%s: bad ready message from %s: %s", dev->name, as->peer, why);
             return rc;
@@ -635,16 +738,17 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
         return -EINVAL;
     }
     if (!lc->pending) {
-        lc->pending = calloc(1, sizeof(*lc->pending));
-        if (!lc->pending) return -ENOMEM;
-        lc->pending->fd = -1;
+        int rc = accept_candidates(lc);
+        if (rc < 0) {
+            WARN("%s: accept on its listening socket failed: %s", lc->base.dev->name,
+                 strerror(-rc));
+            return rc;
+        }
+        if (rc == 0) return 0;
     }
     struct accept_state *as = lc->pending;
     int rc = accept_step(lc, as);
-    bool late = as->stage != AS_TCP_ACCEPT && now_ns() > as->deadline;
-    if (rc == 0 && late && as->stage == AS_RECV_HELLO)
-        return drop_stray_peer(lc, as, "it sent no complete hello in time");
-    if (rc == 0 && late) {
+    if (rc == 0 && now_ns() > as->deadline) {
         WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds "
              "(stage %d)",
              lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT), as->stage);
@@ -652,8 +756,7 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
     }
     if (rc < 0) {
         if (rc != -EPROTO && rc != -ETIMEDOUT)
-            WARN("%s: accept from %s failed: %s", lc->base.dev->name, as->peer[0] ? as->peer : "?",
-                 strerror(-rc));
+            WARN("%s: accept from %s failed: %s", lc->base.dev->name, as->peer, strerror(-rc));
         accept_state_free(as);
         lc->pending = NULL;
         return rc;
@@ -675,6 +778,9 @@ int erdma_close_listen(void *listen_comm) {
     if (!lc) return 0;
     if (lc->base.kind != COMM_LISTEN) return -EINVAL;
     accept_state_free(lc->pending);
+    for (int i = 0; i < lc->ncandidates; i++)
+        accept_state_free(lc->candidates[i]);
+    free(lc->candidates);
     if (lc->base.dev->connect_mode == CONNECT_RDMACM) cm_close_listen(lc);
     if (lc->fd >= 0) close(lc->fd);
     lc->base.kind = 0;

@@ -15,7 +15,9 @@ struct listen_comm {
     struct rdma_event_channel *cm_ch; /* rdma_cm mode: listener events */
     struct rdma_cm_id *cm_id;
     struct sockaddr_in cm_addr;
-    struct accept_state *pending;
+    struct accept_state *pending;     /* the peer whose valid hello is being served */
+    struct accept_state **candidates; /* accepted sockets still owing a hello */
+    int ncandidates;
 };
 
 uint64_t now_ns(void);
@@ -34,7 +36,9 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
 int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce);
 /* The flush loopback in rdma_cm mode: a QP connected to a QP of our own through the NIC.
  * Local only, so it completes within milliseconds; bounded by a 5 s deadline. */
-int cm_flush_loopback(struct recv_comm *rc);
+int cm_flush_start(struct recv_comm *rc);
+/* 1 when the loopback is up, 0 not yet, -errno. Never blocks. */
+int cm_flush_progress(struct recv_comm *rc);
 void cm_flush_release(struct recv_comm *rc);
 /* Drains the comm's rdma_cm events: -ECONNRESET once the peer disconnected, else 0. */
 int cm_poll_disconnect(struct conn *c);

@@ -430,6 +430,9 @@ int devices_discover(void) {
             memset(d, 0, sizeof(*d));
             d->index = ndevices;
             snprintf(d->name, sizeof(d->name), "%s", name);
+            int entry = hca_filter_entry(&filter, name, port);
+            d->rail = entry >= 0 ? filter.entries[entry].rail : -1;
+            d->plane = entry >= 0 ? filter.entries[entry].plane : -1;
             if (device_open(d, list[i], port, &attr, &pa, ctx)) continue;
             ndevices++;
             used += d->ctx == ctx;
@@ -491,4 +494,6 @@ void device_fill_props(const struct erdma_device *d, struct erdma_props *p) {
     p->max_p2p_bytes = NCCL_MAX_NET_SIZE_BYTES;
     p->max_coll_bytes = NCCL_MAX_NET_SIZE_BYTES;
     p->max_multi_request_size = 1;
+    p->rail_id = d->rail;
+    p->plane_id = d->plane;
 }

@@ -55,6 +55,11 @@ struct erdma_device {
     uint32_t max_msg_sz;
     struct mr_cache *mrs;
     int fatal; /* -errno set by the async-event thread: device fatal, port down */
+    /* Counts port-down events: a connection made before the last one is broken even once
+     * the port is active again (its QPs went to the error state), a later one is not. */
+    unsigned port_downs;
+    int rail; /* from NCCL_IB_HCA's dev:port:rail:plane, else -1 (NCCL_NET_ID_UNDEF) */
+    int plane;
 };
 
 /* What getProperties reports, version-independent; plugin.c copies it out. */
@@ -73,6 +78,8 @@ struct erdma_props {
     size_t max_p2p_bytes;
     size_t max_coll_bytes;
     int max_multi_request_size;
+    int rail_id; /* v12: NCCL_NET_ID_UNDEF unless NCCL_IB_HCA names one */
+    int plane_id;
 };
 
 /* Opens and filters devices; logs the "Using ..." line. Count (>= 1) or -errno. */

@@ -39,25 +39,41 @@ int hca_filter_parse(const char *spec, struct hca_filter *f, char *err, int errl
         }
         memcpy(item, p, len);
         item[len] = 0;
-        int port = -1;
+        /* dev[:port[:rail[:plane]]] */
+        static const struct {
+            const char *what;
+            long lo, hi;
+        } fields[3] = {{"port (want dev:N, N >= 1)", 1, 255},
+                       {"rail (want dev:port:R, 0 <= R <= 32767)", 0, HCA_RAIL_MAX},
+                       {"plane (want dev:port:rail:P, 0 <= P <= 16383)", 0, HCA_PLANE_MAX}};
+        int vals[3] = {-1, -1, -1};
+        char whole[96];
+        memcpy(whole, item, len + 1); /* for messages: item is cut at each colon */
         char *colon = strchr(item, ':');
-        if (colon) {
-            char *e;
-            long v = strtol(colon + 1, &e, 10);
-            if (colon[1] == 0 || *e || v < 1 || v > 255) {
-                snprintf(err, errlen, "entry \"%s\" has an invalid port (want dev:N, N >= 1)",
-                         item);
+        if (colon) *colon = 0;
+        for (int k = 0; colon; k++) {
+            char *field = colon + 1, *e;
+            colon = strchr(field, ':');
+            if (colon) *colon = 0;
+            if (k == 3) {
+                snprintf(err, errlen, "entry \"%s\" has more than dev:port:rail:plane", whole);
                 return -EINVAL;
             }
-            port = (int)v;
-            *colon = 0;
+            long v = strtol(field, &e, 10);
+            if (field[0] == 0 || *e || v < fields[k].lo || v > fields[k].hi) {
+                snprintf(err, errlen, "entry \"%s\" has an invalid %s", whole, fields[k].what);
+                return -EINVAL;
+            }
+            vals[k] = (int)v;
         }
         if (!item[0] || strlen(item) >= sizeof(f->entries[0].name)) {
             snprintf(err, errlen, "entry \"%s\" has an invalid device name", item);
             return -EINVAL;
         }
         strcpy(f->entries[f->count].name, item);
-        f->entries[f->count].port = port;
+        f->entries[f->count].port = vals[0];
+        f->entries[f->count].rail = vals[1];
+        f->entries[f->count].plane = vals[2];
         f->count++;
         if (!end) break;
         p = end + 1;
@@ -77,4 +93,11 @@ bool hca_filter_match(const struct hca_filter *f, const char *dev, int port) {
     for (int i = 0; i < f->count && !any; i++)
         any = entry_match(f, i, dev, port);
     return f->exclude ? !any : any;
+}
+
+int hca_filter_entry(const struct hca_filter *f, const char *dev, int port) {
+    if (f->exclude) return -1;
+    for (int i = 0; i < f->count; i++)
+        if (entry_match(f, i, dev, port)) return i;
+    return -1;
 }

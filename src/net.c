@@ -17,11 +17,14 @@
 #include "verbs.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int init_refs;
+static pid_t init_pid; /* the process whose init opened the devices */
 
 /* Names the devices for the counters and starts the stats file writer. */
 static void stats_begin_devices(void) {
@@ -38,6 +41,7 @@ int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     erdma_log_set(logger);
     if (prof) prof_set(prof); /* NCCL hands every context the same one */
     if (init_refs++ > 0) goto out;
+    init_pid = getpid();
 
     int bad = params_load();
     params_dump();
@@ -54,8 +58,16 @@ int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
         verbs_close();
         goto fail;
     }
-    topo_autoselect(); /* never fails init: logs why when it leaves NCCL alone */
-    mtu_guard_run();
+    /* Both may setenv() NCCL variables, and setenv can race with getenv in threads the
+     * application or NCCL already runs: it is done at the first init of the process only
+     * (NCCL's first communicator, before its own threads read these variables), never at a
+     * later re-init after a finalize (v11's per-communicator init). */
+    static bool env_exported;
+    if (!env_exported) {
+        env_exported = true;
+        topo_autoselect(); /* never fails init: logs why when it leaves NCCL alone */
+        mtu_guard_run();
+    }
     rc = async_start();
     if (rc) {
         devices_release();
@@ -74,8 +86,9 @@ out:
 }
 
 static void release_all(void) {
-    stats_stop(); /* the INFO line per device and the last file, while names are valid */
-    async_stop(); /* before the devices it watches */
+    erdma_connect_sweep(); /* abandoned connects hold QPs, CQs and MRs of the devices */
+    stats_stop();          /* the INFO line per device and the last file, while names are valid */
+    async_stop();          /* before the devices it watches */
     devices_release();
     verbs_close();
     prof_set(NULL);
@@ -90,6 +103,10 @@ void erdma_finalize(void) {
 /* NCCL >= 2.26 may dlclose() the plugin without a finalize (v8-v10 have none). */
 __attribute__((destructor)) static void erdma_unload(void) {
     pthread_mutex_lock(&init_lock);
+    /* A forked child that exits inherited the parent's state but not its async thread: its
+     * stop pipe and verbs file descriptors are the parent's, and releasing through them would
+     * stop the parent's thread and destroy the parent's resources. */
+    if (init_refs > 0 && getpid() != init_pid) init_refs = 0;
     if (init_refs > 0) release_all();
     init_refs = 0;
     erdma_log_set(NULL);

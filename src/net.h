@@ -22,6 +22,8 @@ int erdma_get_properties(int dev, struct erdma_props *props);
 
 int erdma_listen(int dev, void *handle, void **listen_comm);
 int erdma_connect(int dev, int traffic_class, void *handle, void **send_comm);
+/* Frees the connects NCCL started and never finished (an abort): at the last finalize. */
+void erdma_connect_sweep(void);
 int erdma_accept(void *listen_comm, void **recv_comm);
 int erdma_close_send(void *send_comm);
 int erdma_close_recv(void *recv_comm);

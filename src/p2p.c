@@ -244,7 +244,10 @@ static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec
  * them; progress writes them only once the sender has none left, so that a caller which posts
  * receives and then only tests (as NCCL's proxy does) never stalls, and the write stays off
  * the critical path of a ping-pong. Only receives of up to CTS_WAIT_MAX bytes wait: for
- * larger ones the transfer dwarfs a post, and the sender keeps its deep pipeline. */
+ * larger ones the transfer dwarfs a post, and the sender keeps its deep pipeline.
+ * Off by default (cts_batch 1): a held clear-to-send waits for a later call on this comm, and
+ * net_ib's callers may post receives and then spin on another comm only (a ring's isend), which
+ * would then wait for ever. */
 static uint32_t cts_held(const struct recv_comm *rc) {
     return rc->cts_seq - rc->arrived; /* clear-to-sends the sender has and has not used yet */
 }
@@ -279,8 +282,8 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
             .sg_list = &sges[r],
             .num_sge = 1,
             .opcode = IBV_WR_RDMA_WRITE,
-            .send_flags =
-                (sig ? IBV_SEND_SIGNALED : 0) | ((int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
+            .send_flags = (sig ? IBV_SEND_SIGNALED : 0) |
+                          (rc->c.inline_cts && (int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
             .wr.rdma = {.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts),
                         .rkey = rc->c.remote_ctrl_rkey},
         };
@@ -405,8 +408,8 @@ static void qp_share(const struct conn *c, uint64_t size, int q, int used, uint6
     *len = start < size ? (size - start < chunk ? size - start : chunk) : 0;
 }
 
-static int wrs_for(uint64_t len, uint32_t max_msg) {
-    return len ? (int)((len + max_msg - 1) / max_msg) : 0;
+static uint64_t wrs_for(uint64_t len, uint32_t max_msg) {
+    return len ? (len + max_msg - 1) / max_msg : 0;
 }
 
 /* Posts one matched slot. 1 posted, 0 no send-queue room yet, -errno failed. */
@@ -418,13 +421,21 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
     int first = c->split ? 0 : (int)(slot->seq % (uint32_t)c->nqps);
 
     for (int u = 0; u < used; u++) {
-        int need = 1;
+        uint64_t need = 1;
         for (int i = 0; i < slot->n; i++) {
             uint64_t off, len;
             qp_share(c, slot->sends[i].size, u, used, &off, &len);
             need += wrs_for(len, c->max_msg);
         }
-        if (qp_sq_room(&c->qps[first + u]) < need) return 0;
+        struct qp_ctx *q = &c->qps[first + u];
+        if (need > (uint64_t)q->sq_depth) { /* would wait for room that never comes */
+            WARN("%s: a send of %llu bytes to %s needs %llu work requests of at most %u bytes "
+                 "on QP %u, whose send queue holds %d",
+                 c->base.dev->name, (unsigned long long)slot->sends[0].size, c->peer,
+                 (unsigned long long)need, c->max_msg, q->qp->qp_num, q->sq_depth);
+            return conn_fail(c, -EMSGSIZE);
+        }
+        if ((uint64_t)qp_sq_room(q) < need) return 0;
     }
 
     /* single buffer, size fits the immediate: no separate completion record */
@@ -538,6 +549,8 @@ static int conn_check_health(struct conn *c) {
     if (t - c->last_check_ns < LIVENESS_NS) return 0;
     c->last_check_ns = t;
     int fatal = __atomic_load_n(&c->base.dev->fatal, __ATOMIC_ACQUIRE);
+    if (!fatal && __atomic_load_n(&c->base.dev->port_downs, __ATOMIC_ACQUIRE) != c->port_downs)
+        fatal = -ENETDOWN; /* the port went down and came back: this connection's QPs did not */
     if (fatal) {
         WARN("%s: connection with %s fails because the device reported %s", c->base.dev->name,
              c->peer, fatal == -ENETDOWN ? "its port down" : "a fatal error");
@@ -686,21 +699,23 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
         memset(slot, 0, sizeof(*slot));
         slot->seq = sc->fifo_seq;
         slot->n = n;
+    } else if (n != slot->n) {
+        /* the slot's shape was fixed by its first isend: a peer that rewrites it would get
+         * a slot posted with unmatched entries, or one that never completes */
+        WARN("%s: %s rewrote its clear-to-send #%u from %d to %d buffers while we were "
+             "sending into it",
+             sc->c.base.dev->name, sc->c.peer, sc->fifo_seq, slot->n, n);
+        return conn_fail(&sc->c, -EPROTO);
     }
     int i;
     for (i = 0; i < n; i++)
         if (fifo_entry(sc, idx, i)->tag == tag && !slot->sends[i].req) break;
-    if (i == n) {
-        WARN("%s: isend with tag %d matches no buffer of %s's receive #%u", sc->c.base.dev->name,
-             tag, sc->c.peer, sc->fifo_seq);
-        return -EINVAL;
-    }
-    if (size > fifo_entry(sc, idx, i)->size) {
-        WARN("%s: isend of %zu bytes to %s but the matching receive buffer holds %llu",
-             sc->c.base.dev->name, size, sc->c.peer,
-             (unsigned long long)fifo_entry(sc, idx, i)->size);
-        return -EMSGSIZE;
-    }
+    /* As net_ib: a tag that no free buffer of the receive now at the head carries is not an
+     * error; it may belong to a later receive, so the caller is asked to try again (NULL). */
+    if (i == n) return conn_progress(&sc->c);
+    /* As net_ib: a send larger than the matched buffer is truncated to it, and both ends'
+     * test() report the bytes that landed. */
+    if (size > fifo_entry(sc, idx, i)->size) size = (size_t)fifo_entry(sc, idx, i)->size;
     struct erdma_mr *mr = mhandle;
     if (size > 0 && !mr) {
         WARN("%s: isend of %zu bytes without a memory handle", sc->c.base.dev->name, size);
@@ -787,12 +802,17 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
     for (int i = 0; i < n; i++)
         if (sizes[i] > 0 && mhandles[i]) last = i;
     if (last < 0) return 0;
-    if (qp_sq_room(&rc->flush_qp) < 1) {
-        WARN("%s: more than %d flushes in flight", rc->c.base.dev->name, rc->flush_qp.sq_depth);
-        return -EAGAIN;
+    /* NCCL reads a NULL flush request as "done", so "try again" cannot be said here; with
+     * at most NCCL_NET_MAX_REQUESTS receives and as many flushes in flight neither limit is
+     * reached: a caller that does is misusing the API (ENOBUFS: ncclInvalidUsage). */
+    struct erdma_request *req = NULL;
+    if (qp_sq_room(&rc->flush_qp) >= 1) req = req_alloc(rc->reqs, ERDMA_RECV_REQS, rc, REQ_FLUSH);
+    if (!req) {
+        WARN("%s: iflush with %d receives and flushes already in flight (at most %d each): "
+             "test() the earlier requests first",
+             rc->c.base.dev->name, ERDMA_RECV_REQS, ERDMA_FIFO_DEPTH);
+        return -ENOBUFS;
     }
-    struct erdma_request *req = req_alloc(rc->reqs, ERDMA_RECV_REQS, rc, REQ_FLUSH);
-    if (!req) return -EAGAIN;
     struct erdma_mr *mr = mhandles[last];
     /* An RDMA read of our own buffer completes only after earlier PCIe writes into it did. */
     struct ibv_sge sge = {

@@ -24,6 +24,7 @@ static ncclResult_t to_nccl(int rc) {
         return ncclInvalidArgument;
     case EBADMSG: /* a handle that is not ours, or corrupted */
     case EALREADY:
+    case ENOBUFS: /* more requests in flight than the API allows */
         return ncclInvalidUsage;
     case ECONNRESET:
     case ECONNREFUSED:
@@ -191,8 +192,10 @@ static ncclResult_t api_get_properties_v12(int dev, ncclNetProperties_v12_t *out
     memset(out, 0, sizeof(*out));
     FILL_V9_FIELDS(out, p, dev);
     out->maxMultiRequestSize = p.max_multi_request_size;
-    out->railId = (int16_t)dev; /* each NIC is its own rail on ebmgn9g */
-    out->planeId = 0;
+    /* as net_ib: undefined unless NCCL_IB_HCA gives them (dev:port:rail:plane); NCCL's search
+     * treats an undefined rail differently from a numbered one */
+    out->railId = (int16_t)p.rail_id;
+    out->planeId = (int16_t)p.plane_id;
     return ncclSuccess;
 }
 

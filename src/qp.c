@@ -8,7 +8,9 @@
 #include <string.h>
 
 void qp_params_from_env(struct qp_params *p, int traffic_class) {
-    p->tc = traffic_class >= 0 ? traffic_class : (int)param_int(P_IB_TC);
+    p->tc = !param_is_set(P_IB_TC) && traffic_class >= 0 && traffic_class <= 255
+                ? traffic_class
+                : (int)param_int(P_IB_TC);
     p->sl = (int)param_int(P_IB_SL);
     p->timeout = (int)param_int(P_IB_TIMEOUT);
     p->retry_cnt = (int)param_int(P_IB_RETRY_CNT);
@@ -25,6 +27,15 @@ void qp_init_attr(struct ibv_qp_init_attr *a, struct ibv_cq *cq, int sq_depth, i
     a->cap.max_send_sge = 1;
     a->cap.max_recv_sge = 1; /* eRDMA: one receive SGE */
     a->cap.max_inline_data = max_inline;
+}
+
+void qp_params_for_receiver(struct qp_params *p, bool peer_set, int peer_tc, int peer_sl) {
+    qp_params_from_env(p, -1);
+    if (peer_set) {
+        p->tc = peer_tc;
+        p->sl = peer_sl;
+    }
+    if (param_int(P_IB_FIFO_TC) >= 0) p->tc = (int)param_int(P_IB_FIFO_TC);
 }
 
 int qp_create_stepped(struct qp_ctx *q, struct ibv_cq *cq, int sq_depth, int rq_depth,

@@ -15,7 +15,12 @@ struct qp_params {
     int retry_cnt;
 };
 
+/* The sender's QPs, in net_ib's order: NCCL_IB_TC when set, else the communicator's traffic
+ * class (NCCL_NET_TRAFFIC_CLASS_UNDEF = none), else NCCL_IB_TC's default. */
 void qp_params_from_env(struct qp_params *p, int traffic_class);
+/* The receiver's QPs (clear-to-sends, ACKs): NCCL_IB_FIFO_TC when set, else the traffic class
+ * and service level the sender announced (peer_set), else as qp_params_from_env. */
+void qp_params_for_receiver(struct qp_params *p, bool peer_set, int peer_tc, int peer_sl);
 void qp_init_attr(struct ibv_qp_init_attr *a, struct ibv_cq *cq, int sq_depth, int rq_depth,
                   int max_inline);
 /* Makes one QP from attr (ibv_create_qp, or rdma_create_qp on a cm_id): NULL + errno on failure. */

@@ -278,6 +278,48 @@ static int fill_pci(struct xml_node *n, const char *busid) {
     return rc;
 }
 
+/* "cpu family : 6" -> "6": one field of the first processor in /proc/cpuinfo. */
+static bool cpuinfo_field(const char *text, const char *key, char *out, size_t len) {
+    size_t klen = strlen(key);
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, key, klen) || (l[klen] != ' ' && l[klen] != '\t')) continue;
+        const char *v = strchr(l, ':');
+        if (!v || v > strchr(l, '\n')) return false;
+        v += 1 + strspn(v + 1, " \t");
+        snprintf(out, len, "%.*s", (int)strcspn(v, "\n"), v);
+        return true;
+    }
+    return false;
+}
+
+/* The attributes NCCL's ncclTopoAddCpu reads and each rank fills in for its own CPU (since 2.22
+ * the ranks' trees fuse only when all of them match): arch, vendor, family and model as
+ * cpuid reports them (read from /proc/cpuinfo under the sysfs root), affinity from sysfs. */
+static int cpu_attrs(struct xml_node *cpu, int numa) {
+    char v[256], text[8192] = "";
+    int rc = 0;
+#if defined(__x86_64__)
+    rc = xml_set(cpu, "arch", "x86_64");
+#elif defined(__aarch64__)
+    rc = xml_set(cpu, "arch", "arm64");
+#elif defined(__PPC__)
+    rc = xml_set(cpu, "arch", "ppc64");
+#endif
+    if (!rc && !sysfs_read(v, sizeof(v), "/sys/devices/system/node/node%d/cpumap", numa))
+        rc = xml_set(cpu, "affinity", "%s", v);
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/proc/cpuinfo", strcmp(sysfs_root(), "/") ? sysfs_root() : "");
+    FILE *f = rc ? NULL : fopen(path, "re");
+    if (!f) return rc;
+    text[fread(text, 1, sizeof(text) - 1, f)] = 0;
+    fclose(f);
+    if (cpuinfo_field(text, "vendor_id", v, sizeof(v))) rc = xml_set(cpu, "vendor", "%s", v);
+    if (!rc && cpuinfo_field(text, "cpu family", v, sizeof(v)))
+        rc = xml_set(cpu, "familyid", "%s", v);
+    if (!rc && cpuinfo_field(text, "model", v, sizeof(v))) rc = xml_set(cpu, "modelid", "%s", v);
+    return rc;
+}
+
 /* The PCI node NCCL would attach the device to, created along the way. */
 static int place(struct xml_node *sys, const struct topo_dev *d, struct xml_node **out) {
     char numa[16];
@@ -285,7 +327,8 @@ static int place(struct xml_node *sys, const struct topo_dev *d, struct xml_node
     struct xml_node *parent = find_child(sys, "cpu", "numaid", numa);
     if (!parent) {
         parent = xml_add(sys, "cpu");
-        if (!parent || xml_set(parent, "numaid", "%s", numa)) return -ENOMEM;
+        if (!parent || xml_set(parent, "numaid", "%s", numa) || cpu_attrs(parent, d->numa))
+            return -ENOMEM;
         sort_last_child(sys, "numaid", true);
     }
     int idx[TOPO_MAX_DEPTH], n = nccl_levels(d, idx);
@@ -401,7 +444,8 @@ static void first_line(const struct topo_err *e, char *out, size_t len) {
 
 int topo_autoselect(void) {
     static const char *const modes[] = {"auto", "off", NULL};
-    const char *user_topo = getenv("NCCL_TOPO_FILE"), *user_graph = getenv("NCCL_GRAPH_FILE");
+    const char *user_topo = param_is_set(P_NCCL_TOPO_FILE) ? param_str(P_NCCL_TOPO_FILE) : NULL;
+    const char *user_graph = param_is_set(P_NCCL_GRAPH_FILE) ? param_str(P_NCCL_GRAPH_FILE) : NULL;
     if (param_choice(P_ERDMA_TOPO, modes) == 1) {
         INFO(NCCL_INIT | NCCL_ENV, "NCCL_ERDMA_TOPO=off: topology left to NCCL");
         return 0;
@@ -447,16 +491,16 @@ int topo_autoselect(void) {
                  candidates[i], e.count, why, topo_path);
             continue;
         }
-        if (setenv("NCCL_TOPO_FILE", topo_path, 0) || setenv("NCCL_GRAPH_FILE", graph_path, 0)) {
-            unsetenv("NCCL_TOPO_FILE");
-            INFO(NCCL_INIT, "topology: setenv failed (%s); NCCL detects it", strerror(errno));
-            return 0;
-        }
-        INFO(NCCL_INIT | NCCL_ENV, "topology: %s node (%s), NCCL_TOPO_FILE=%s NCCL_GRAPH_FILE=%s",
+        /* NCCL's own topology code rejects the shipped topology (it lacks the CPU attributes
+         * each rank fills in since 2.22, so fused trees keep bare CPUs) and the shipped graphs
+         * claim bandwidths NCCL's model does not give this node: neither is set until a
+         * file is proven against NCCL's code (issue 12). */
+        INFO(NCCL_INIT,
+             "topology: %s node (%s); the shipped files are not set (NCCL rejects the topology "
+             "file, the graph is unverified): NCCL detects it",
              candidates[i],
-             param_is_set(P_ERDMA_INSTANCE_TYPE) ? "NCCL_ERDMA_INSTANCE_TYPE" : "by its shape",
-             topo_path, graph_path);
-        return 1;
+             param_is_set(P_ERDMA_INSTANCE_TYPE) ? "NCCL_ERDMA_INSTANCE_TYPE" : "by its shape");
+        return 0;
     }
     return 0;
 }

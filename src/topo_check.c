@@ -34,7 +34,7 @@ void topo_err_add(struct topo_err *e, const char *fmt, ...) {
 
 struct elem_rule {
     const char *name;
-    const char *required[8];
+    const char *required[10];
     const char *optional[16];
     const char *children[5];
 };
@@ -42,9 +42,11 @@ struct elem_rule {
 /* Element and attribute names NCCL's topology loader reads (xml.cc, topo.cc). */
 static const struct elem_rule topo_rules[] = {
     {"system", {"version"}, {"name"}, {"cpu"}},
+    /* arch is read unconditionally (topo.cc ncclTopoAddCpu); vendor, familyid and modelid
+     * depend on it and are checked in topo_validate_topology. */
     {"cpu",
-     {"numaid"},
-     {"affinity", "affinity_offset", "arch", "vendor", "familyid", "modelid", "host_hash"},
+     {"numaid", "arch"},
+     {"affinity", "affinity_offset", "vendor", "familyid", "modelid", "host_hash"},
      {"pci", "nic"}},
     {"pci",
      {"busid", "class", "link_speed", "link_width"},
@@ -67,8 +69,8 @@ static const struct elem_rule graph_rules[] = {
     {"graphs", {"version"}, {"name"}, {"graph"}},
     {"graph",
      {"id", "pattern", "crossnic", "nchannels", "speedintra", "speedinter", "typeintra",
-      "typeinter"},
-     {"samechannels", "latencyinter"},
+      "typeinter", "samechannels"},
+     {"latencyinter"},
      {"channel"}},
     {"channel", {0}, {0}, {"net", "gpu"}},
     {"net", {"dev"}, {0}, {0}},
@@ -196,6 +198,22 @@ int topo_validate_topology(const struct xml_node *root, struct topo_err *e) {
     int ngpu = collect(root, "gpu", gpus, 256, 0);
     int nnet = collect(root, "net", nets, 256, 0);
     for (int i = 0; i < ncpu; i++) {
+        /* What NCCL's ncclTopoAddCpu reads: a missing one fails NCCL's init. Since 2.22 NCCL
+         * also merges a rank's detected CPU with the file's only when every attribute matches,
+         * so a file's CPU must carry all of them. */
+        const char *arch = xml_get(cpus[i], "arch"), *vendor = xml_get(cpus[i], "vendor");
+        static const char *const arches[] = {"x86_64", "arm64", "ppc64"};
+        if (arch && !in_list(arches, LIST_LEN(arches), arch))
+            topo_err_add(e, "line %d: arch=\"%s\" is not one NCCL knows", cpus[i]->line, arch);
+        if (arch && !strcmp(arch, "x86_64") && !vendor)
+            topo_err_add(e, "line %d: an x86_64 <cpu> needs vendor= (NCCL reads it)",
+                         cpus[i]->line);
+        if (vendor && (!strcmp(vendor, "GenuineIntel") || !strcmp(vendor, "CentaurHauls") ||
+                       !strcmp(vendor, "  Shanghai  ")))
+            for (int k = 0; k < 2; k++)
+                if (!xml_get(cpus[i], k ? "modelid" : "familyid"))
+                    topo_err_add(e, "line %d: a %s <cpu> needs %s= (NCCL reads it)", cpus[i]->line,
+                                 vendor, k ? "modelid" : "familyid");
         long v;
         if (!parse_int(xml_get(cpus[i], "numaid"), &v) && xml_get(cpus[i], "numaid"))
             topo_err_add(e, "line %d: numaid=\"%s\" is not an integer", cpus[i]->line,
@@ -331,7 +349,8 @@ int topo_check_node(const struct xml_node *root, const struct topo_node *node, s
                          busid);
             continue;
         }
-        /* NCCL keeps what the file says over sysfs, so a wrong link speed would stick. */
+        /* NCCL overwrites these from sysfs when the bus ID exists: a value that differs means
+         * the file describes another node. */
         const struct xml_node *twin = busid ? find_pci(gen, busid) : NULL;
         for (int a = 0; twin && a < pcis[i]->nattrs; a++) {
             const char *k = pcis[i]->attrs[a].key, *v = pcis[i]->attrs[a].value;

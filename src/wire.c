@@ -99,8 +99,15 @@ int wire_msg_check(const struct wire_conn_msg *m, enum wire_msg_type type, char 
         snprintf(why, whylen, "peer MTU code %u is invalid", m->mtu);
         return -EPROTO;
     }
-    if (m->ctrl_addr == 0 || m->max_msg_sz == 0) {
-        snprintf(why, whylen, "peer sent no control region or max message size");
+    if (m->ctrl_addr == 0) {
+        snprintf(why, whylen, "peer sent no control region");
+        return -EPROTO;
+    }
+    if (m->max_msg_sz < WIRE_MIN_MSG_SZ) {
+        snprintf(why, whylen,
+                 "peer's max message size %u is below the %u bytes any RDMA device "
+                 "allows",
+                 m->max_msg_sz, WIRE_MIN_MSG_SZ);
         return -EPROTO;
     }
     return 0;

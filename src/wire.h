@@ -17,6 +17,10 @@
 #define WIRE_VERSION     2           /* 2: buffer-major clear-to-send FIFO */
 #define ERDMA_MAX_QPS    16
 #define ERDMA_FIFO_DEPTH NCCL_NET_MAX_REQUESTS
+/* The smallest max_msg_sz a peer may announce. Every RDMA device allows far more (eRDMA,
+ * rxe and siw 2 GiB); a tiny value would split one message into more work requests than a
+ * send queue holds, and the send could never be posted. */
+#define WIRE_MIN_MSG_SZ (1u << 20)
 
 /* NCCL treats the handle as opaque bytes; ours must fit its 128. */
 struct wire_handle {
@@ -47,7 +51,9 @@ struct wire_conn_msg {
     uint8_t connect_mode;
     uint8_t mtu; /* enum ibv_mtu */
     uint8_t split;
-    uint8_t reserved[3];
+    uint8_t tc;      /* HELLO: the sender's traffic class and service level, which the */
+    uint8_t sl;      /* receiver's QPs adopt as net_ib's do (valid when qos_set is 1; */
+    uint8_t qos_set; /* older senders leave all three 0) */
     uint32_t qpn[ERDMA_MAX_QPS];
     uint8_t gid[16];
     uint16_t lid;

@@ -2,7 +2,7 @@
 # Every first-party C file must be clang-format clean (.clang-format at the root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-files=$(git ls-files '*.c' '*.h' 2>/dev/null || find src include tests bench tools -name '*.[ch]')
+files=$(git ls-files '*.c' '*.h' '*.cc' 2>/dev/null || find src include tests bench tools -name '*.[ch]' -o -name '*.cc')
 [ -n "$files" ] || { echo "no C files?"; exit 1; }
 bad=0
 for f in $files; do

@@ -2,16 +2,20 @@
 # Runs every test on a fresh machine: installs what it needs (apt packages and the
 # VM kernel cache), builds with warnings as errors, runs the unit tests on the host
 # and the integration tests inside the RDMA VM (rxe0 + siw0), then the same
-# integration suite again under AddressSanitizer + UBSan.
-# Fails when any test fails, is skipped, or did not run.
+# integration suite again under AddressSanitizer + UBSan, and the threaded cases under
+# ThreadSanitizer.
+# Fails when any test fails, is skipped, or did not run; nothing is retried (a flaky
+# test is a bug), and a suite that runs zero cases fails.
 #
 #   tests/run-all.sh            everything
-#   ERDMA_SKIP_ASAN=1 ...       skip the sanitizer pass (local iteration only)
+#   ERDMA_SKIP_ASAN=1 ...       skip the ASan pass (local iteration only)
+#   ERDMA_SKIP_TSAN=1 ...       skip the ThreadSanitizer pass (local iteration only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=${ERDMA_BUILD_DIR:-$ROOT/build-ci}
 ASAN_BUILD=${ERDMA_ASAN_BUILD_DIR:-$ROOT/build-asan}
+TSAN_BUILD=${ERDMA_TSAN_BUILD_DIR:-$ROOT/build-tsan}
 LOGDIR=$BUILD/test-logs
 
 step() { printf '\n=== %s\n' "$*"; }
@@ -34,33 +38,49 @@ build "$BUILD"
 mkdir -p "$LOGDIR"
 fail=0
 check_log() { # a skipped or not-run test is a failure here
-  if grep -Eq '\[  SKIPPED \]|Not Run|\*\*\*Skipped|No tests were found' "$1"; then
+  if grep -Eq '\[  SKIPPED \]|Not Run|\*\*\*Skipped|No tests were found|\] 0 test\(s\) run' "$1"; then
     echo "FAIL: tests were skipped or not run (see $1)"; fail=1
   fi
 }
 
 step "unit tests (host)"
-if ! ctest --test-dir "$BUILD" -L unit --output-on-failure 2>&1 | tee "$LOGDIR/unit.log"; then fail=1; fi
+if ! ctest --no-tests=error --test-dir "$BUILD" -L unit --output-on-failure 2>&1 | tee "$LOGDIR/unit.log"; then fail=1; fi
 check_log "$LOGDIR/unit.log"
 
 step "integration tests (RDMA VM: rxe0 + siw0)"
-if ! tests/vm/run-in-rdma-vm.sh ctest --test-dir "$BUILD" -L vm --repeat until-pass:2 --output-on-failure 2>&1 | tee "$LOGDIR/vm.log"; then fail=1; fi
+if ! tests/vm/run-in-rdma-vm.sh ctest --no-tests=error --test-dir "$BUILD" -L vm --output-on-failure 2>&1 | tee "$LOGDIR/vm.log"; then fail=1; fi
 check_log "$LOGDIR/vm.log"
 
 if [ "${ERDMA_SKIP_ASAN:-0}" != 1 ]; then
   step "integration tests under ASan + UBSan (RDMA VM)"
   build "$ASAN_BUILD" -DERDMA_SANITIZE=ON
-  # 200 connect/close cycles instead of 1,000: ASan slows siw's connection churn ~3x, and
-  # the full count already ran above without it.
+  # The full 1,000 connect/close cycles (the siw0 accept stall once seen at ~700 under ASan
+  # is found and fixed: docs/failures.md).
   # Leaks are not judged here: the tests dlclose() the plugin and rdma-core, so LeakSanitizer
   # sees only unsymbolised frames of unloaded libraries. Leak checks are valgrind's job
   # (tests/vm/valgrind-datapath.sh) and the resource-hygiene test's.
-  if ! tests/vm/run-in-rdma-vm.sh env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ITEST_NO_RSS=1 ITEST_CYCLES=200 \
+  if ! tests/vm/run-in-rdma-vm.sh env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ITEST_NO_RSS=1 \
       UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      ctest --test-dir "$ASAN_BUILD" -L vm -E 'deb|doctor|valgrind|loss' --repeat until-pass:2 --output-on-failure 2>&1 | tee "$LOGDIR/vm-asan.log"; then fail=1; fi
+      ctest --no-tests=error --test-dir "$ASAN_BUILD" -L vm -E 'deb|doctor|valgrind|loss' --output-on-failure 2>&1 | tee "$LOGDIR/vm-asan.log"; then fail=1; fi
   check_log "$LOGDIR/vm-asan.log"
 else
   echo "WARNING: ASan pass skipped (ERDMA_SKIP_ASAN=1)"
+fi
+
+if [ "${ERDMA_SKIP_TSAN:-0}" != 1 ]; then
+  step "threaded cases under ThreadSanitizer (RDMA VM)"
+  # regMr/deregMr while another thread sends, v11 init/finalize of several communicators
+  # at once (vm_threads), and the async-event thread through a port flap (vm_async).
+  build "$TSAN_BUILD" -DERDMA_TSAN=ON -DERDMA_FUZZ=OFF
+  # the async thread over fake verbs on the host (two ports of one context, a link flap)
+  if ! TSAN_OPTIONS=halt_on_error=1 ctest --no-tests=error --test-dir "$TSAN_BUILD" -R '^unit_device$' --output-on-failure 2>&1 | tee "$LOGDIR/unit-tsan.log"; then fail=1; fi
+  check_log "$LOGDIR/unit-tsan.log"
+  if ! tests/vm/run-in-rdma-vm.sh env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+      ctest --no-tests=error --test-dir "$TSAN_BUILD" -R '^vm_(threads|async)$' --output-on-failure 2>&1 | tee "$LOGDIR/vm-tsan.log"; then fail=1; fi
+  check_log "$LOGDIR/vm-tsan.log"
+  if ! grep -q '2/2 Test' "$LOGDIR/vm-tsan.log"; then echo "FAIL: the TSan pass did not run both tests"; fail=1; fi
+else
+  echo "WARNING: TSan pass skipped (ERDMA_SKIP_TSAN=1)"
 fi
 
 if [ $fail != 0 ]; then echo; echo "run-all: FAILED"; exit 1; fi

@@ -504,6 +504,23 @@ static int flush_recv(struct duo *d, void *arg) {
         CHECK(freq != NULL);
         CHECK(net_wait(&s.n, freq, NULL, TMO) == 0);
     }
+    /* more flushes in flight than the API allows: a usage error (not a system error, not a
+     * NULL request NCCL would read as done), and the comm still flushes afterwards */
+    void *many[4 * NCCL_NET_MAX_REQUESTS];
+    int nf = 0, frc = 0, one = 1;
+    void *data = buf;
+    while (nf < 4 * NCCL_NET_MAX_REQUESTS) {
+        frc = net_iflush(&s.n, s.comm, 1, &data, &one, &mh, &many[nf]);
+        if (frc) break;
+        CHECK(many[nf] != NULL);
+        nf++;
+    }
+    CHECK(frc == ncclInvalidUsage);
+    CHECK(nf >= NCCL_NET_MAX_REQUESTS);
+    for (int i = 0; i < nf; i++)
+        CHECK(net_wait(&s.n, many[i], NULL, TMO) == 0);
+    CHECK(net_iflush(&s.n, s.comm, 1, &data, &one, &mh, &freq) == 0 && freq);
+    CHECK(net_wait(&s.n, freq, NULL, TMO) == 0);
     CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
     free(buf);
     return recv_side_close(&s);
@@ -520,39 +537,6 @@ static int flush_send(struct duo *d, void *arg) {
         CHECK(net_isend(&s.n, s.comm, buf, 1000 + (size_t)round * 100, 0, mh, &req, TMO) == 0);
         CHECK(net_wait(&s.n, req, NULL, TMO) == 0);
     }
-    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
-    free(buf);
-    return send_side_close(&s);
-}
-
-/* ------------------------------------------------------------ scenario: truncation is an error */
-static int trunc_recv(struct duo *d, void *arg) {
-    struct side s;
-    void *mh, *req;
-    CHECK(recv_side_open(d, arg, &s) == 0);
-    uint8_t *buf = page_alloc(4096);
-    CHECK(net_regmr(&s.n, s.comm, buf, 4096, &mh) == 0);
-    void *data = buf;
-    size_t sz = 4096;
-    int tag = 0;
-    CHECK(net_irecv(&s.n, s.comm, 1, &data, &sz, &tag, &mh, &req, TMO) == 0);
-    CHECK(duo_barrier(d) == 0); /* sender saw the error */
-    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
-    free(buf);
-    return recv_side_close(&s);
-}
-
-static int trunc_send(struct duo *d, void *arg) {
-    struct side s;
-    void *mh, *req = NULL;
-    CHECK(send_side_open(d, arg, &s) == 0);
-    uint8_t *buf = page_alloc(8192);
-    CHECK(net_regmr(&s.n, s.comm, buf, 8192, &mh) == 0);
-    log_reset();
-    int rc = net_isend(&s.n, s.comm, buf, 8192, 0, mh, &req, TMO);
-    CHECK(rc == ncclInvalidArgument && req == NULL);
-    CHECK(log_contains("matching receive buffer holds 4096"));
-    CHECK(duo_barrier(d) == 0);
     CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
     free(buf);
     return send_side_close(&s);
@@ -612,7 +596,6 @@ static const struct scenario scenarios[] = {
     {"sender_first", sendfirst_recv, sendfirst_send, NULL},
     {"late_first_receive", late_recv, late_send, NULL},
     {"several_comms", multicomm_recv, multicomm_send, NULL},
-    {"truncation_is_error", trunc_recv, trunc_send, NULL},
     {"close_and_reconnect", rounds_recv, rounds_send, NULL},
     {"forced_flush", flush_recv, flush_send, "NCCL_ERDMA_FORCE_FLUSH=1"},
     {"sizes_4qps_roundrobin", sizes_recv, sizes_send, "NCCL_IB_QPS_PER_CONNECTION=4"},
@@ -671,6 +654,10 @@ int main(void) {
                 n++;
             }
         }
+    }
+    if (n == 0) { /* cmocka passes an empty group: a filter that matches nothing must not */
+        fprintf(stderr, "no case matches ITEST_ONLY=%s\n", only ? only : "");
+        return 1;
     }
     return _cmocka_run_group_tests("integration: data path", tests, (size_t)n, NULL, NULL);
 }

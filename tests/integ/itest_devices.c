@@ -85,6 +85,9 @@ static void test_devices_v12(void **state) {
     assert_non_null(strstr(pr.pciPath, "/devices/pci"));
     assert_int_equal(pr.vProps.ndevs, 1);
     assert_true(pr.maxP2pBytes >= (1ull << 31));
+    /* as net_ib: no rail or plane unless NCCL_IB_HCA gives them */
+    assert_int_equal(pr.railId, NCCL_NET_ID_UNDEF);
+    assert_int_equal(pr.planeId, NCCL_NET_ID_UNDEF);
 
     assert_true(find_dev_v12(p, ndev, "siw0", &pr) >= 0);
     assert_true(pr.speed > 0);

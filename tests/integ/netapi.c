@@ -18,21 +18,28 @@ static double now_s(void) {
 }
 
 int net_open(struct netapi *n, int version, const char *devname) {
-    return net_open_prof(n, version, devname, NULL);
+    return net_open_cfg(n, version, devname, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL);
 }
 
 int net_open_prof(struct netapi *n, int version, const char *devname, ncclProfilerCallback_t prof) {
+    return net_open_cfg(n, version, devname, NCCL_NET_TRAFFIC_CLASS_UNDEF, prof);
+}
+
+int net_open_tc(struct netapi *n, int version, const char *devname, int traffic_class) {
+    return net_open_cfg(n, version, devname, traffic_class, NULL);
+}
+
+int net_open_cfg(struct netapi *n, int version, const char *devname, int traffic_class,
+                 ncclProfilerCallback_t prof) {
     memset(n, 0, sizeof(*n));
     n->version = version;
     if (plugin_open(&n->p)) return -1;
     int rc, ndev = 0;
-    ncclNetCommConfig_t cfg = {.trafficClass = -1};
-    if (version == 12) {
-        rc = n->p.v12->init(&n->ctx, 42, &cfg, log_capture, prof);
-        if (!rc) rc = n->p.v12->devices(&ndev);
-    } else if (version == 11) {
-        rc = n->p.v11->init(&n->ctx, 42, &cfg, log_capture, prof);
-        if (!rc) rc = n->p.v11->devices(&ndev);
+    n->t12 = version == 11 ? (const ncclNet_v12_t *)n->p.v11 : n->p.v12;
+    ncclNetCommConfig_t cfg = {.trafficClass = traffic_class};
+    if (version >= 11) {
+        rc = n->t12->init(&n->ctx, 42, &cfg, log_capture, prof);
+        if (!rc) rc = n->t12->devices(&ndev);
     } else if (version == 10) {
         rc = n->p.v10->init(log_capture, prof);
         if (!rc) rc = n->p.v10->devices(&ndev);
@@ -93,7 +100,7 @@ int net_accept(struct netapi *n, void *lc, void **rc_out, int timeout_s) {
     while (!*rc_out) {
         ncclNetDeviceHandle_t *dh = NULL;
         int rc =
-            n->version == 12 ? n->p.v12->accept(lc, rc_out, &dh) : n->p.v8->accept(lc, rc_out, &dh);
+            n->version >= 11 ? n->t12->accept(lc, rc_out, &dh) : n->p.v8->accept(lc, rc_out, &dh);
         if (rc) return rc;
         if (!*rc_out && now_s() > end) {
             fprintf(stderr, "accept: nothing after %d s\n", timeout_s);

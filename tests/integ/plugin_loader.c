@@ -2,6 +2,7 @@
 #include "plugin_loader.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 static char log_buf[1 << 16];
 static size_t log_len;
 static int log_warns;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER; /* the plugin logs from any thread */
 
 void log_capture(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
                  const char *fmt, ...) {
@@ -19,17 +21,21 @@ void log_capture(ncclDebugLogLevel level, unsigned long flags, const char *file,
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     const char *lv = level == NCCL_LOG_WARN ? "WARN" : level == NCCL_LOG_INFO ? "INFO" : "TRACE";
+    pthread_mutex_lock(&log_lock);
     if (level == NCCL_LOG_WARN) log_warns++;
     if (level <= NCCL_LOG_INFO || getenv("ITEST_TRACE"))
         fprintf(stderr, "  [plugin %s] %s\n", lv, msg);
     int n = snprintf(log_buf + log_len, sizeof(log_buf) - log_len, "%s %s\n", lv, msg);
     if (n > 0 && log_len + (size_t)n < sizeof(log_buf)) log_len += (size_t)n;
+    pthread_mutex_unlock(&log_lock);
 }
 
 void log_reset(void) {
+    pthread_mutex_lock(&log_lock);
     log_len = 0;
     log_buf[0] = 0;
     log_warns = 0;
+    pthread_mutex_unlock(&log_lock);
 }
 
 bool log_contains(const char *needle) {

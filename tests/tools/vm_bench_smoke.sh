@@ -19,7 +19,7 @@ expect_row() { # label, awk condition on the output, command...
   fi
 }
 
-for mode in write imm imm+cts; do
+for mode in write imm imm+cts netib; do
   expect_row "verbs_floor $mode on rxe0" "\$1 == \"$mode\" && \$2 == 8 && \$7 > 0" \
     "$FLOOR" -d rxe0 -m "$mode" -s 8 -n 200
 done

@@ -9,6 +9,7 @@
  *   rxe         soft-RoCE rxe0 on eth0: no device link, PCI function via the netdev
  */
 #define _GNU_SOURCE
+#include "async.h"
 #include "device.h"
 #include "params.h"
 #include "sysfs.h"
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -595,6 +597,77 @@ static void test_two_ports_share_context(void **state) {
     release_and_check();
 }
 
+/* ---- the async-event thread over two ports of one context ---- */
+static struct ibv_async_event async_queue[4];
+static int async_queued, async_taken;
+
+static int fake_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev) {
+    char c;
+    if (async_taken >= __atomic_load_n(&async_queued, __ATOMIC_ACQUIRE) ||
+        read(ctx->async_fd, &c, 1) != 1) {
+        errno = EAGAIN;
+        return -1;
+    }
+    *ev = async_queue[async_taken++];
+    return 0;
+}
+
+static void fake_ack_async_event(struct ibv_async_event *ev) {}
+
+static const char *fake_event_type_str(enum ibv_event_type type) {
+    return type == IBV_EVENT_PORT_ERR ? "port error" : "port active";
+}
+
+static void async_post(int wfd, enum ibv_event_type type, int port) {
+    async_queue[async_queued] =
+        (struct ibv_async_event){.event_type = type, .element.port_num = port};
+    __atomic_store_n(&async_queued, async_queued + 1, __ATOMIC_RELEASE);
+    assert_int_equal(write(wfd, "e", 1), 1);
+}
+
+static bool wait_for(const int *v, int want) {
+    for (int i = 0; i < 200; i++) {
+        if (__atomic_load_n(v, __ATOMIC_ACQUIRE) == want) return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+/* A port event names its port: the device of that port gets it, even when it is not the
+ * first device of the shared context; port-active undoes port-down (a link flap). */
+static void test_async_port_events_on_second_port(void **state) {
+    ebmgn9g_fakes();
+    fdevs[0].attr.phys_port_cnt = 2;
+    assert_discover(3);
+    struct erdma_device *p1 = device_get(0), *p2 = device_get(1);
+    assert_ptr_equal(p1->ctx, p2->ctx);
+    assert_int_equal(p2->port, 2);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    p1->ctx->async_fd = fds[0];
+    device_get(2)->ctx->async_fd = fds[0]; /* never written for erdma_1 */
+    struct verbs_api api = fake_api();
+    api.get_async_event = fake_get_async_event;
+    api.ack_async_event = fake_ack_async_event;
+    api.event_type_str = fake_event_type_str;
+    verbs_install_fake(&api);
+    async_queued = async_taken = 0;
+    assert_int_equal(async_start(), 0);
+    async_post(fds[1], IBV_EVENT_PORT_ERR, 2);
+    bool down = wait_for(&p2->fatal, -ENETDOWN);
+    async_post(fds[1], IBV_EVENT_PORT_ACTIVE, 2);
+    bool up = down && wait_for(&p2->fatal, 0);
+    async_stop();
+    close(fds[0]);
+    close(fds[1]);
+    assert_true(down);
+    assert_true(up);
+    assert_int_equal(p2->port_downs, 1);
+    assert_int_equal(p1->fatal, 0);
+    assert_int_equal(p1->port_downs, 0);
+    release_and_check();
+}
+
 static void test_hca_filter(void **state) {
     ebmgn9g_fakes();
     setenv("NCCL_IB_HCA", "erdma_1", 1);
@@ -620,6 +693,39 @@ static void test_hca_filter(void **state) {
     setenv("NCCL_IB_HCA", "mlx5_0", 1);
     assert_discover(-ENODEV);
     assert_logged(NCCL_LOG_WARN, "matches no ACTIVE RDMA port");
+    release_and_check();
+}
+
+/* NCCL's dev:port:rail:plane: the devices it names carry that rail and plane to getProperties;
+ * any other device, and every device without NCCL_IB_HCA, reports them undefined (-1). */
+static void test_hca_rail_plane(void **state) {
+    struct erdma_props p;
+    ebmgn9g_fakes();
+    setenv("NCCL_IB_HCA", "=erdma_0:1:0:0,erdma_1:1:7:2", 1);
+    assert_discover(2);
+    device_fill_props(device_get(0), &p);
+    assert_int_equal(p.rail_id, 0);
+    assert_int_equal(p.plane_id, 0);
+    device_fill_props(device_get(1), &p);
+    assert_int_equal(p.rail_id, 7);
+    assert_int_equal(p.plane_id, 2);
+    release_and_check();
+
+    setenv("NCCL_IB_HCA", "erdma_0:1:3,erdma_1", 1);
+    assert_discover(2);
+    device_fill_props(device_get(0), &p);
+    assert_int_equal(p.rail_id, 3);
+    assert_int_equal(p.plane_id, -1);
+    device_fill_props(device_get(1), &p);
+    assert_int_equal(p.rail_id, -1);
+    assert_int_equal(p.plane_id, -1);
+    release_and_check();
+
+    unsetenv("NCCL_IB_HCA");
+    assert_discover(2);
+    device_fill_props(device_get(1), &p);
+    assert_int_equal(p.rail_id, -1);
+    assert_int_equal(p.plane_id, -1);
     release_and_check();
 }
 
@@ -794,8 +900,10 @@ int main(void) {
         T(test_open_failure_skipped),
         T(test_not_ethernet_skipped),
         T(test_two_ports_share_context),
+        T(test_async_port_events_on_second_port),
         T(test_hca_filter),
         T(test_hca_filter_malformed),
+        T(test_hca_rail_plane),
         T(test_no_devices),
         T(test_rediscover),
         T(test_rxe_pci_path_from_netdev),

@@ -153,6 +153,59 @@ static void test_long_names(void **state) {
     assert_true(strlen(err) < sizeof(err));
 }
 
+/* NCCL 2.28+: dev:port:rail:plane. Rail and plane are reported, never used to match. */
+static void test_rail_and_plane(void **state) {
+    assert_int_equal(parse("erdma_0:1:0:0,erdma_1:1:3:1"), 0);
+    assert_int_equal(f.count, 2);
+    assert_int_equal(f.entries[0].port, 1);
+    assert_int_equal(f.entries[0].rail, 0);
+    assert_int_equal(f.entries[0].plane, 0);
+    assert_int_equal(f.entries[1].rail, 3);
+    assert_int_equal(f.entries[1].plane, 1);
+    assert_true(hca_filter_match(&f, "erdma_1", 1));
+    assert_false(hca_filter_match(&f, "erdma_1", 2));
+    assert_int_equal(hca_filter_entry(&f, "erdma_1", 1), 1);
+    assert_int_equal(hca_filter_entry(&f, "erdma_0", 1), 0);
+    assert_int_equal(hca_filter_entry(&f, "erdma_2", 1), -1);
+    /* rail without plane; bounds */
+    assert_int_equal(parse("=erdma_0:1:32767"), 0);
+    assert_int_equal(f.entries[0].rail, 32767);
+    assert_int_equal(f.entries[0].plane, -1);
+    assert_int_equal(parse("erdma_0:1:5:16383"), 0);
+    assert_int_equal(f.entries[0].plane, 16383);
+    /* fields not given stay undefined */
+    assert_int_equal(parse("erdma_0:1,erdma_1"), 0);
+    assert_int_equal(f.entries[0].rail, -1);
+    assert_int_equal(f.entries[1].port, -1);
+    assert_int_equal(f.entries[1].rail, -1);
+    assert_int_equal(f.entries[1].plane, -1);
+    assert_int_equal(hca_filter_entry(&f, "erdma_1", 1), 1);
+    /* an exclude list selects no entry: its devices have no user rail (net_ib likewise) */
+    assert_int_equal(parse("^erdma_0:1:2:0"), 0);
+    assert_int_equal(hca_filter_entry(&f, "erdma_1", 1), -1);
+    assert_int_equal(hca_filter_entry(&f, "erdma_0", 1), -1);
+    /* empty list: no entry */
+    assert_int_equal(parse(""), 0);
+    assert_int_equal(hca_filter_entry(&f, "erdma_0", 1), -1);
+}
+
+static void test_bad_rail_and_plane_rejected(void **state) {
+    const struct {
+        const char *spec, *why;
+    } bad[] = {
+        {"erdma_0:1:", "invalid rail"},      {"erdma_0:1:x", "invalid rail"},
+        {"erdma_0:1:-1", "invalid rail"},    {"erdma_0:1:32768", "invalid rail"},
+        {"erdma_0:1:0:", "invalid plane"},   {"erdma_0:1:0:16384", "invalid plane"},
+        {"erdma_0:1:0:-2", "invalid plane"}, {"erdma_0:1:0:0:0", "more than dev:port:rail:plane"},
+        {"erdma_0::0:0", "invalid port"},    {"ok,erdma_0:1:0:1z", "invalid plane"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(parse(bad[i].spec), -EINVAL);
+        assert_non_null(strstr(err, bad[i].why));
+        assert_non_null(strstr(err, "erdma_0:")); /* the whole entry is quoted */
+    }
+}
+
 static void test_small_error_buffer(void **state) {
     char tiny[8];
     memset(tiny, 'z', sizeof(tiny));
@@ -173,6 +226,8 @@ int main(void) {
         cmocka_unit_test(test_empty_name_rejected),
         cmocka_unit_test(test_too_many_entries),
         cmocka_unit_test(test_long_names),
+        cmocka_unit_test(test_rail_and_plane),
+        cmocka_unit_test(test_bad_rail_and_plane_rejected),
         cmocka_unit_test(test_small_error_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,7 @@
 /* The parameter table (params.c): defaults, strict parsing, WARN + default on bad values. */
 #define _GNU_SOURCE
 #include "params.h"
+#include "qp.h"
 #include "unit_log.h"
 
 #include <setjmp.h>
@@ -55,7 +56,9 @@ static void test_names(void **state) {
     assert_string_equal(param_name(P_ERDMA_PORT_SPEED), "NCCL_ERDMA_PORT_SPEED");
     for (int id = 0; id < PARAM_COUNT; id++) {
         assert_non_null(param_name(id));
-        assert_true(strncmp(param_name(id), "NCCL_", 5) == 0);
+        /* NCCL's namespace, or ERDMA_LOG (the command-line tools' switch, no NCCL there) */
+        assert_true(strncmp(param_name(id), "NCCL_", 5) == 0 ||
+                    strcmp(param_name(id), "ERDMA_LOG") == 0);
         for (int j = 0; j < id; j++) /* each variable once */
             assert_string_not_equal(param_name(id), param_name(j));
     }
@@ -218,6 +221,43 @@ static void test_markdown_lists_every_parameter(void **state) {
     free(buf);
 }
 
+/* Traffic class in net_ib's order (connect.cc): the sender takes NCCL_IB_TC when set, else the
+ * communicator's, else the default; the receiver takes NCCL_IB_FIFO_TC when set, else what the
+ * sender announced. */
+static void test_traffic_class_order(void **state) {
+    struct qp_params p;
+    assert_int_equal(params_load(), 0);
+    qp_params_from_env(&p, -1); /* NCCL_NET_TRAFFIC_CLASS_UNDEF */
+    assert_int_equal(p.tc, 0);
+    qp_params_from_env(&p, 106);
+    assert_int_equal(p.tc, 106);
+    qp_params_for_receiver(&p, true, 106, 3);
+    assert_int_equal(p.tc, 106);
+    assert_int_equal(p.sl, 3);
+    qp_params_for_receiver(&p, false, 0, 0); /* an older sender: our own settings */
+    assert_int_equal(p.tc, 0);
+
+    setenv("NCCL_IB_TC", "41", 1);
+    setenv("NCCL_IB_SL", "5", 1);
+    assert_int_equal(params_load(), 0);
+    qp_params_from_env(&p, 106); /* the environment wins over the communicator */
+    assert_int_equal(p.tc, 41);
+    assert_int_equal(p.sl, 5);
+    qp_params_for_receiver(&p, true, 106, 3); /* the receiver follows the sender, not its env */
+    assert_int_equal(p.tc, 106);
+    assert_int_equal(p.sl, 3);
+    qp_params_for_receiver(&p, false, 0, 0);
+    assert_int_equal(p.tc, 41);
+
+    setenv("NCCL_IB_FIFO_TC", "0", 1);
+    assert_int_equal(params_load(), 0);
+    qp_params_for_receiver(&p, true, 106, 3);
+    assert_int_equal(p.tc, 0);
+    assert_int_equal(p.sl, 3);
+    qp_params_from_env(&p, 106); /* the sender's QPs do not take it */
+    assert_int_equal(p.tc, 41);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
@@ -232,6 +272,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_string_params, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dump_lists_only_set_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_markdown_lists_every_parameter, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_traffic_class_order, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

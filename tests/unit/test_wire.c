@@ -235,6 +235,12 @@ static void no_ctrl_addr(struct wire_conn_msg *m) {
 static void no_max_msg(struct wire_conn_msg *m) {
     m->max_msg_sz = 0;
 }
+static void tiny_max_msg(struct wire_conn_msg *m) {
+    m->max_msg_sz = 1; /* a 4 KiB send would need more work requests than a send queue holds */
+}
+static void max_msg_below_floor(struct wire_conn_msg *m) {
+    m->max_msg_sz = WIRE_MIN_MSG_SZ - 1;
+}
 
 static void test_msg_field_errors(void **state) {
     expect_field_error(no_qps, "asks for 0 QPs");
@@ -245,7 +251,14 @@ static void test_msg_field_errors(void **state) {
     expect_field_error(mtu_zero, "MTU code 0");
     expect_field_error(mtu_too_big, "MTU code 6");
     expect_field_error(no_ctrl_addr, "no control region");
-    expect_field_error(no_max_msg, "max message size");
+    expect_field_error(no_max_msg, "max message size 0");
+    expect_field_error(tiny_max_msg, "max message size 1 ");
+    expect_field_error(max_msg_below_floor, "max message size 1048575");
+    struct wire_conn_msg m; /* the floor itself is fine */
+    good_msg(&m, MSG_REPLY);
+    m.max_msg_sz = WIRE_MIN_MSG_SZ;
+    wire_msg_seal(&m, MSG_REPLY);
+    assert_int_equal(check_msg(&m, MSG_REPLY), 0);
 }
 
 static void test_record(void **state) {

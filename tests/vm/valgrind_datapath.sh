@@ -23,4 +23,9 @@ if [ $rc != 0 ] || grep -Eq '==[0-9]+== ERROR SUMMARY: [1-9]' "$log"; then
   echo "valgrind_datapath: FAILED (rc $rc)"
   exit 1
 fi
+if ! grep -Eq '^\[ +OK +\]' "$log"; then # a renamed scenario must not pass as "clean"
+  tail -n 50 "$log"
+  echo "valgrind_datapath: FAILED: no scenario matching '$only' ran"
+  exit 1
+fi
 echo "valgrind_datapath: memcheck clean: no errors, no definite or indirect leak ($only)"

@@ -1,0 +1,68 @@
+/*
+ * A fake verbs provider for host tests, installed through the one verbs boundary
+ * (verbs_install_fake). It models RoCE devices and RC QP pairs in process memory:
+ * post_send of RDMA WRITE(_WITH_IMM), SEND and READ copies bytes between registered
+ * regions at post time, checking keys, bounds and access flags the way a NIC does
+ * (a bad key gives an error completion, never a stray write), and queues the
+ * completions that poll_cq returns. Both ends of a connection live in one process,
+ * over real TCP sockets on 127.0.0.1 for the out-of-band part.
+ *
+ * A test plays a misbehaving peer by writing into the memory the peer owns (FIFO
+ * slots, records, the send-mode ring) and by injecting receive completions with
+ * immediates and lengths of its choosing (fake_inject_recv).
+ */
+#ifndef ERDMA_FAKE_VERBS_H
+#define ERDMA_FAKE_VERBS_H
+
+#include "verbs.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define FAKE_MAX_DEVICES 4
+
+struct fake_dev_cfg {
+    const char *name;    /* default "fake<i>" */
+    uint32_t max_msg_sz; /* port attribute, default 1 GiB */
+    int max_qp_wr;       /* default 16384 */
+    int max_cqe;         /* default 1 << 20 */
+};
+
+/* Installs the fake table with ndev RoCE devices (cfg may be NULL: defaults). */
+void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg);
+/* Uninstalls; the number of objects (contexts, PDs, MRs, CQs, QPs) never released. */
+int fake_verbs_uninstall(void);
+
+/* The usual host-test environment: params from a clean environment plus extra
+ * NAME=VALUE pairs (NULL-terminated, may be NULL), sysfs pointed nowhere, the fake
+ * installed and devices discovered, each with 127.0.0.1 as its netdev's address. Returns
+ * devices_discover()'s value. */
+int fake_env_start(int ndev, const struct fake_dev_cfg *cfg, const char *const *env);
+/* Releases the devices and uninstalls; returns leaked objects (0 is good). */
+int fake_env_stop(void);
+
+/* Connects a send comm on send_dev to a recv comm on recv_dev through listen/connect/
+ * accept, stepping both until done (bounded). 0, or the first -errno. */
+int fake_pair_connect(int send_dev, int recv_dev, void **send_comm, void **recv_comm);
+
+/* Pops the oldest receive posted on qp and completes it as the peer chose: opcode
+ * (IBV_WC_RECV or IBV_WC_RECV_RDMA_WITH_IMM), immediate (host order) and length.
+ * For IBV_WC_RECV the bytes in data (len, may exceed the buffer: LOC_LEN_ERR) land in
+ * the receive buffer. 0, or -1 when no receive is posted. */
+int fake_inject_recv(struct ibv_qp *qp, enum ibv_wc_opcode op, uint32_t imm, const void *data,
+                     uint32_t len);
+/* Receives posted on qp and not yet consumed. */
+int fake_recv_posted(struct ibv_qp *qp);
+/* Completions waiting in cq; whether it ever overflowed. */
+int fake_cq_pending(struct ibv_cq *cq);
+bool fake_cq_overflowed(struct ibv_cq *cq);
+/* Errors a NIC would have refused at post time (bad inline size, SQ overflow...). */
+int fake_post_errors(void);
+/* QPs and CQs alive now (a closed comm must leave none of its own). */
+int fake_live_qps_cqs(void);
+/* Queues an async event for device dev (async thread tests). */
+void fake_async_event(int dev, enum ibv_event_type type, int port);
+/* Next post_send on any QP fails with this errno (0: none). */
+void fake_fail_next_post(int err);
+
+#endif

@@ -1,0 +1,236 @@
+/*
+ * Connection setup (conn.c) and the out-of-band socket (oob.c) over the fake verbs
+ * provider and real TCP on 127.0.0.1, with a scripted peer where a real one would
+ * not misbehave.
+ */
+#define _GNU_SOURCE
+#include "comm.h"
+#include "conn.h"
+#include "device.h"
+#include "fake_verbs.h"
+#include "net.h"
+#include "oob.h"
+#include "unit_log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static int setup(void **state) {
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, NULL), 1);
+    return 0;
+}
+
+static int teardown(void **state) {
+    int leaked = fake_env_stop();
+    erdma_log_set(NULL);
+    assert_int_equal(leaked, 0);
+    return 0;
+}
+
+/* ---- oob.c ---- */
+
+static void test_ifname_match(void **state) {
+    assert_true(oob_ifname_match("eth", "eth0"));
+    assert_false(oob_ifname_match("=eth", "eth0"));
+    assert_true(oob_ifname_match("=eth0,lo", "lo"));
+    assert_false(oob_ifname_match("^eth", "eth1"));
+    assert_true(oob_ifname_match("^eth", "lo"));
+}
+
+static void test_local_addr(void **state) {
+    struct sockaddr_in a;
+    assert_int_equal(oob_local_addr(device_get(0), &a), 0); /* the device's netdev address */
+    assert_int_equal(ntohl(a.sin_addr.s_addr), INADDR_LOOPBACK);
+    const char *lo[] = {"NCCL_SOCKET_IFNAME=lo", NULL};
+    fake_env_stop();
+    assert_int_equal(fake_env_start(1, NULL, lo), 1);
+    assert_int_equal(oob_local_addr(device_get(0), &a), 0);
+    assert_int_equal(ntohl(a.sin_addr.s_addr), INADDR_LOOPBACK);
+    const char *none[] = {"NCCL_SOCKET_IFNAME=nosuchif", NULL};
+    fake_env_stop();
+    assert_int_equal(fake_env_start(1, NULL, none), 1);
+    unit_log_count = 0;
+    assert_int_equal(oob_local_addr(device_get(0), &a), -EADDRNOTAVAIL);
+    assert_logged(NCCL_LOG_WARN, "nosuchif");
+}
+
+static void test_peer_alive(void **state) {
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_int_equal(oob_peer_alive(sv[0]), 0);
+    assert_int_equal(write(sv[1], "x", 1), 1); /* not a goodbye: a protocol error */
+    assert_int_equal(oob_peer_alive(sv[0]), -EPROTO);
+    char c;
+    assert_int_equal(read(sv[0], &c, 1), 1);
+    assert_int_equal(write(sv[1], "B", 1), 1); /* a goodbye: a normal close */
+    assert_int_equal(oob_peer_alive(sv[0]), OOB_PEER_CLOSING);
+    assert_int_equal(read(sv[0], &c, 1), 1);
+    close(sv[1]);
+    assert_int_equal(oob_peer_alive(sv[0]), -ECONNRESET);
+    close(sv[0]);
+}
+
+static void test_partial_io(void **state) {
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    char out[8] = "abcdefg", in[8] = {0};
+    size_t sent = 0, got = 0;
+    assert_int_equal(oob_recv_progress(sv[0], in, 8, &got), 0); /* nothing yet */
+    assert_int_equal(send(sv[1], out, 3, 0), 3);
+    assert_int_equal(oob_recv_progress(sv[0], in, 8, &got), 0);
+    assert_int_equal(got, 3);
+    assert_int_equal(oob_send_progress(sv[1], out + 3, 5, &sent), 1);
+    assert_int_equal(oob_recv_progress(sv[0], in, 8, &got), 1);
+    assert_memory_equal(in, out, 8);
+    close(sv[1]);
+    got = 0;
+    assert_int_equal(oob_recv_progress(sv[0], in, 8, &got), -ECONNRESET);
+    close(sv[0]);
+}
+
+/* ---- conn.c ---- */
+
+static void test_connect_accept_and_close(void **state) {
+    void *s, *r;
+    assert_int_equal(fake_pair_connect(0, 0, &s, &r), 0);
+    struct send_comm *sc = s;
+    struct recv_comm *rc = r;
+    assert_int_equal(sc->c.base.kind, COMM_SEND);
+    assert_int_equal(rc->c.base.kind, COMM_RECV);
+    assert_int_equal(sc->c.max_msg, 1u << 30);
+    assert_int_equal(sc->c.remote_ctrl_addr, (uintptr_t)rc->rec_area);
+    assert_int_equal(rc->c.remote_ctrl_addr, (uintptr_t)sc->fifo);
+    assert_int_equal(fake_recv_posted(rc->c.qps[0].qp), ERDMA_RQ_DEPTH);
+    assert_ptr_equal(comm_device(s), device_get(0));
+    assert_null(comm_device(&sc->c.fd)); /* not a comm */
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(erdma_close_recv(r), 0);
+    assert_int_equal(erdma_close_send(NULL), 0);
+}
+
+static void test_bad_handles(void **state) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *s = NULL;
+    memset(handle, 0x5a, sizeof(handle));
+    unit_log_count = 0;
+    assert_int_equal(erdma_connect(0, -1, handle, &s), -EBADMSG);
+    assert_logged(NCCL_LOG_WARN, "fake0", "invalid handle");
+    struct wire_handle *h = (struct wire_handle *)handle;
+    memset(handle, 0, sizeof(handle));
+    h->connect_mode = CONNECT_RDMACM;
+    h->addr.sin_family = AF_INET;
+    h->addr.sin_port = htons(1);
+    h->cm_port = htons(2);
+    wire_handle_seal(h);
+    assert_int_equal(erdma_connect(0, -1, handle, &s), -EINVAL);
+    assert_logged(NCCL_LOG_WARN, "fake0", "NCCL_ERDMA_CONNECT_MODE");
+    assert_int_equal(erdma_connect(7, -1, handle, &s), -EINVAL);
+    assert_null(s);
+}
+
+/* A scripted acceptor: takes our HELLO, then hangs up. */
+static void test_peer_hangs_up_during_handshake(void **state) {
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(lfd, 4), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &len), 0);
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    memset(handle, 0, sizeof(handle));
+    struct wire_handle *h = (struct wire_handle *)handle;
+    h->connect_mode = CONNECT_GID;
+    h->nonce = 99;
+    h->addr = a;
+    wire_handle_seal(h);
+    void *s = NULL;
+    int fd = -1, rc = 0;
+    for (int i = 0; i < 1000 && fd < 0 && !rc; i++) {
+        rc = erdma_connect(0, -1, handle, &s);
+        fd = accept(lfd, NULL, NULL);
+    }
+    assert_true(fd >= 0);
+    struct wire_conn_msg hello;
+    size_t got = 0;
+    for (int i = 0; i < 1000 && got < sizeof(hello); i++) {
+        assert_int_equal(erdma_connect(0, -1, handle, &s), 0);
+        ssize_t n = recv(fd, (char *)&hello + got, sizeof(hello) - got, MSG_DONTWAIT);
+        if (n > 0) got += (size_t)n;
+    }
+    char why[160];
+    assert_int_equal(wire_msg_check(&hello, MSG_HELLO, why, sizeof(why)), 0);
+    assert_int_equal(hello.nonce, 99);
+    assert_int_equal(hello.max_msg_sz, 1u << 30);
+    close(fd);
+    unit_log_count = 0;
+    rc = 0;
+    for (int i = 0; i < 1000 && !rc; i++)
+        rc = erdma_connect(0, -1, handle, &s);
+    assert_int_equal(rc, -ECONNREFUSED);
+    assert_logged(NCCL_LOG_WARN, "fake0", "closed the connection during the handshake");
+    assert_null(s);
+    close(lfd);
+}
+
+/* A stray client with a stale handle's HELLO is dropped; the real peer then connects. */
+static void test_stale_hello_dropped(void **state) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc = NULL, *s = NULL, *r = NULL;
+    assert_int_equal(erdma_listen(0, handle, &lc), 0);
+    struct wire_handle h;
+    memcpy(&h, handle, sizeof(h));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&h.addr, sizeof(h.addr)), 0);
+    struct wire_conn_msg m;
+    memset(&m, 0, sizeof(m));
+    m.nonce = h.nonce + 1;
+    m.nqps = 1;
+    m.mtu = IBV_MTU_1024;
+    m.ctrl_addr = 0x1000;
+    m.max_msg_sz = 1u << 30;
+    wire_msg_seal(&m, MSG_HELLO);
+    assert_int_equal(send(fd, &m, sizeof(m), 0), (ssize_t)sizeof(m));
+    unit_log_count = 0;
+    int rc = 0;
+    for (int i = 0; i < 1000 && !UNIT_LOG_HAS(NCCL_LOG_WARN, "stale handle"); i++)
+        assert_int_equal(erdma_accept(lc, &r), 0);
+    assert_logged(NCCL_LOG_WARN, "fake0", "rejecting connection", "stale handle");
+    assert_null(r);
+    close(fd);
+    uint64_t until = now_ns() + 10000000000ull;
+    while (!rc && (!s || !r) && now_ns() < until) {
+        if (!s) rc = erdma_connect(0, -1, handle, &s);
+        if (!rc && !r) rc = erdma_accept(lc, &r);
+    }
+    assert_int_equal(rc, 0);
+    assert_non_null(s);
+    assert_non_null(r);
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(erdma_close_recv(r), 0);
+    assert_int_equal(erdma_close_listen(lc), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ifname_match),
+        cmocka_unit_test_setup_teardown(test_local_addr, setup, teardown),
+        cmocka_unit_test(test_peer_alive),
+        cmocka_unit_test(test_partial_io),
+        cmocka_unit_test_setup_teardown(test_connect_accept_and_close, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_handles, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_hangs_up_during_handshake, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_hello_dropped, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,132 @@
+/*
+ * The registration cache (mr_cache.c) and the regMr/deregMr entry points (net.c) over
+ * the fake verbs provider: page-aligned sharing, refcounts, release at finalize, and
+ * the errors a user sees.
+ */
+#define _GNU_SOURCE
+#include "comm.h"
+#include "device.h"
+#include "fake_verbs.h"
+#include "mr_cache.h"
+#include "net.h"
+#include "unit_log.h"
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+static struct mr_cache *cache;
+
+static int setup(void **state) {
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, NULL), 1);
+    cache = device_get(0)->mrs;
+    return 0;
+}
+
+static int teardown(void **state) {
+    int leaked = fake_env_stop();
+    erdma_log_set(NULL);
+    assert_int_equal(leaked, 0);
+    return 0;
+}
+
+static void test_subrange_shares_one_registration(void **state) {
+    char *buf = aligned_alloc(4096, 3 * 4096);
+    struct erdma_mr *a, *b, *c;
+    assert_int_equal(mr_cache_get(cache, buf, 3 * 4096, NCCL_PTR_HOST, &a), 0);
+    assert_int_equal(mr_cache_get(cache, buf + 100, 200, NCCL_PTR_HOST, &b), 0);
+    assert_ptr_equal(a, b); /* inside: a lookup */
+    assert_int_equal(a->refs, 2);
+    assert_int_equal(a->base, (uintptr_t)buf);
+    assert_int_equal(a->len, 3 * 4096);
+    assert_int_equal(mr_cache_count(cache), 1);
+    /* overhanging the registered range: a new registration */
+    assert_int_equal(mr_cache_get(cache, buf + 2 * 4096, 8192, NCCL_PTR_HOST, &c), 0);
+    assert_ptr_not_equal(a, c);
+    assert_int_equal(mr_cache_count(cache), 2);
+    /* another pointer type never shares */
+    struct erdma_mr *d;
+    assert_int_equal(mr_cache_get(cache, buf, 4096, NCCL_PTR_CUDA, &d), 0);
+    assert_ptr_not_equal(a, d);
+    mr_cache_put(b);
+    assert_int_equal(mr_cache_count(cache), 3); /* a still referenced */
+    mr_cache_put(a);
+    mr_cache_put(c);
+    mr_cache_put(d);
+    assert_int_equal(mr_cache_count(cache), 0);
+    free(buf);
+}
+
+static void test_zero_length_and_unaligned(void **state) {
+    char *buf = malloc(10);
+    struct erdma_mr *m;
+    assert_int_equal(mr_cache_get(cache, buf + 3, 0, NCCL_PTR_HOST, &m), 0);
+    assert_true(m->base <= (uintptr_t)buf + 3);
+    assert_true(m->base + m->len > (uintptr_t)buf + 3);
+    assert_int_equal(m->base % 4096, 0);
+    mr_cache_put(m);
+    free(buf);
+}
+
+static void test_errors_are_named(void **state) {
+    struct erdma_mr *m = NULL;
+    unit_log_count = 0;
+    assert_int_equal(mr_cache_get(cache, NULL, 10, NCCL_PTR_HOST, &m), -EINVAL);
+    assert_logged(NCCL_LOG_WARN, "fake0", "NULL pointer");
+    /* the fake has no dma-buf registration, as old rdma-core */
+    assert_int_equal(mr_cache_get_dmabuf(cache, (void *)0x1000, 4096, 0, 3, &m), -EOPNOTSUPP);
+    assert_logged(NCCL_LOG_WARN, "fake0", "dma-buf");
+}
+
+/* Through the API: a comm names the device, and deregMr of NULL is a no-op. */
+static void test_api_entry_points(void **state) {
+    void *s, *r;
+    assert_int_equal(fake_pair_connect(0, 0, &s, &r), 0);
+    char *buf = malloc(8192);
+    void *mh1 = NULL, *mh2 = NULL;
+    assert_int_equal(erdma_reg_mr(s, buf, 8192, NCCL_PTR_HOST, &mh1), 0);
+    assert_int_equal(erdma_reg_mr(r, buf, 8192, NCCL_PTR_HOST, &mh2), 0);
+    assert_ptr_equal(mh1, mh2); /* one PD per device: regIsGlobal */
+    unit_log_count = 0;
+    assert_int_equal(erdma_reg_mr(s, buf, 8192, 77, &mh1), -EINVAL);
+    assert_logged(NCCL_LOG_WARN, "fake0", "unknown pointer type 77");
+    assert_int_equal(erdma_reg_mr(s, buf, 8192, NCCL_PTR_CUDA, &mh1), -EINVAL);
+    assert_logged(NCCL_LOG_WARN, "fake0", "GPU Direct RDMA is off");
+    assert_int_equal(erdma_reg_mr(buf, buf, 8192, NCCL_PTR_HOST, &mh1), -EINVAL); /* not a comm */
+    assert_int_equal(erdma_dereg_mr(s, NULL), 0);
+    assert_int_equal(erdma_dereg_mr(s, mh2), 0);
+    assert_int_equal(erdma_dereg_mr(r, mh2), 0);
+    assert_int_equal(mr_cache_count(cache), 0);
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(erdma_close_recv(r), 0);
+    free(buf);
+}
+
+/* Registrations NCCL never released go at finalize (devices_release), once. */
+static void test_live_at_finalize_released(void **state) {
+    char *buf = malloc(4096);
+    struct erdma_mr *m;
+    assert_int_equal(mr_cache_get(cache, buf, 4096, NCCL_PTR_HOST, &m), 0);
+    unit_log_count = 0;
+    devices_release(); /* teardown's fake_env_stop then counts no leaked MR */
+    assert_logged(NCCL_LOG_INFO, "fake0", "1 registration(s) still live");
+    free(buf);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_subrange_shares_one_registration, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zero_length_and_unaligned, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_errors_are_named, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_api_entry_points, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_live_at_finalize_released, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,460 @@
+/*
+ * The data path (p2p.c) and connection setup (conn.c, oob.c) over the fake verbs
+ * provider (fake_verbs.h): both ends in this process, the out-of-band TCP on
+ * 127.0.0.1. The peer misbehaves by writing into the memory it owns in our
+ * process (the sender's clear-to-send FIFO, the receiver's record area and ring)
+ * and by completing our receives with immediates of its choosing.
+ */
+#define _GNU_SOURCE
+#include "comm.h"
+#include "conn.h"
+#include "device.h"
+#include "fake_verbs.h"
+#include "net.h"
+#include "unit_log.h"
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+/* test() calls after which a request that neither ends nor fails counts as hung */
+#define POLL_LIMIT 20000
+
+struct pair {
+    struct send_comm *sc;
+    struct recv_comm *rc;
+};
+
+static int setup_one(void **state) {
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, NULL), 1);
+    return 0;
+}
+
+static int teardown_env(void **state) {
+    int leaked = fake_env_stop();
+    erdma_log_set(NULL);
+    assert_int_equal(leaked, 0);
+    return 0;
+}
+
+static void connect_pair(struct pair *p, int send_dev, int recv_dev) {
+    void *s, *r;
+    int rc = fake_pair_connect(send_dev, recv_dev, &s, &r);
+    if (rc) unit_log_print();
+    assert_int_equal(rc, 0);
+    p->sc = s;
+    p->rc = r;
+}
+
+static void close_pair(struct pair *p) {
+    assert_int_equal(erdma_close_send(p->sc), 0);
+    assert_int_equal(erdma_close_recv(p->rc), 0);
+}
+
+static void *reg(void *comm, void *buf, size_t len) {
+    void *mh = NULL;
+    assert_int_equal(erdma_reg_mr(comm, buf, len, NCCL_PTR_HOST, &mh), 0);
+    return mh;
+}
+
+/* Tests a request until it is done or fails: 1 done, -errno failed, 0 still pending. */
+static int wait_req(void *req, int *sizes) {
+    for (int i = 0; i < POLL_LIMIT; i++) {
+        int done = 0;
+        int rc = erdma_test(req, &done, sizes);
+        if (rc) return rc;
+        if (done) return 1;
+    }
+    return 0;
+}
+
+/* ---- a well-behaved peer: what the hostile cases are measured against ---- */
+
+static void test_roundtrip(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    for (int round = 0; round < 70; round++) { /* wraps the 32-slot FIFO twice */
+        size_t len = round % 3 == 0 ? 0 : (size_t)(round * 97 + 1);
+        char *src = malloc(len + 1), *dst = calloc(1, len + 64);
+        for (size_t i = 0; i < len; i++)
+            src[i] = (char)(i * 7 + round);
+        void *smh = reg(p.sc, src, len + 1), *rmh = reg(p.rc, dst, len + 64);
+        void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL, *sreq = NULL;
+        size_t sizes[1] = {len + 64};
+        int tags[1] = {round};
+        assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+        assert_non_null(rreq);
+        for (int i = 0; i < POLL_LIMIT && !sreq; i++)
+            assert_int_equal(erdma_isend(p.sc, src, len, round, smh, NULL, &sreq), 0);
+        assert_non_null(sreq);
+        int got[1] = {-1};
+        assert_int_equal(wait_req(sreq, NULL), 1);
+        assert_int_equal(wait_req(rreq, got), 1);
+        assert_int_equal(got[0], (int)len);
+        assert_memory_equal(src, dst, len);
+        erdma_dereg_mr(p.sc, smh);
+        erdma_dereg_mr(p.rc, rmh);
+        free(src);
+        free(dst);
+    }
+    assert_int_equal(fake_post_errors(), 0);
+    assert_false(fake_cq_overflowed(p.sc->c.cq));
+    close_pair(&p);
+}
+
+/* ---- defect 1: the peer changes a slot's buffer count between two isends ---- */
+
+struct multi {
+    char *src[3], *dst[3];
+    void *smh[3], *rmh[3];
+    void *rreq;
+};
+
+static void multi_post_recv(struct pair *p, struct multi *m, int n) {
+    void *data[3], *mhs[3];
+    size_t sizes[3];
+    int tags[3];
+    for (int i = 0; i < n; i++) {
+        m->src[i] = calloc(1, 4096);
+        m->dst[i] = calloc(1, 4096);
+        m->smh[i] = reg(p->sc, m->src[i], 4096);
+        m->rmh[i] = reg(p->rc, m->dst[i], 4096);
+        data[i] = m->dst[i];
+        mhs[i] = m->rmh[i];
+        sizes[i] = 4096;
+        tags[i] = 100 + i;
+    }
+    assert_int_equal(erdma_irecv(p->rc, n, data, sizes, tags, mhs, NULL, &m->rreq), 0);
+    assert_non_null(m->rreq);
+}
+
+static void multi_free(struct pair *p, struct multi *m, int n) {
+    for (int i = 0; i < n; i++) {
+        erdma_dereg_mr(p->sc, m->smh[i]);
+        erdma_dereg_mr(p->rc, m->rmh[i]);
+        free(m->src[i]);
+        free(m->dst[i]);
+    }
+}
+
+/* The sender's view of slot 0, buffer 0: where the peer announces the buffer count. */
+static volatile struct wire_cts *slot0(struct pair *p) {
+    return &p->sc->fifo[cts_index(0, 0)];
+}
+
+/* Once the first isend fixed the slot at 3 buffers, the peer says 2: the old code posted
+ * the slot with its third entry unmatched and dereferenced its NULL request on completion. */
+static void test_peer_lowers_nreqs(void **state) {
+    struct pair p;
+    struct multi m;
+    connect_pair(&p, 0, 0);
+    multi_post_recv(&p, &m, 3);
+    void *s0 = NULL, *s1 = NULL;
+    for (int i = 0; i < POLL_LIMIT && !s0; i++)
+        assert_int_equal(erdma_isend(p.sc, m.src[0], 4096, 100, m.smh[0], NULL, &s0), 0);
+    assert_non_null(s0);
+    assert_int_equal(slot0(&p)->nreqs, 3);
+    slot0(&p)->nreqs = 2; /* the peer rewrites its clear-to-send */
+    unit_log_count = 0;
+    int rc = erdma_isend(p.sc, m.src[1], 4096, 101, m.smh[1], NULL, &s1);
+    int r0 = wait_req(s0, NULL);
+    /* the connection fails with a clear error, and no request completes half-matched */
+    assert_true(rc == -EPROTO || r0 == -EPROTO);
+    assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", "clear-to-send");
+    assert_int_equal(erdma_isend(p.sc, m.src[2], 4096, 102, m.smh[2], NULL, &s1), -EPROTO);
+    multi_free(&p, &m, 3);
+    close_pair(&p);
+}
+
+/* The other way round: 2 buffers, then 3: the old code waited for ever for a third isend
+ * that, once it came, was never completed. */
+static void test_peer_raises_nreqs(void **state) {
+    struct pair p;
+    struct multi m;
+    connect_pair(&p, 0, 0);
+    multi_post_recv(&p, &m, 2);
+    void *s[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < POLL_LIMIT && !s[0]; i++)
+        assert_int_equal(erdma_isend(p.sc, m.src[0], 4096, 100, m.smh[0], NULL, &s[0]), 0);
+    assert_non_null(s[0]);
+    p.sc->fifo[cts_index(0, 2)] = p.sc->fifo[cts_index(0, 1)];
+    p.sc->fifo[cts_index(0, 2)].tag = 102;
+    for (int b = 0; b < 3; b++)
+        p.sc->fifo[cts_index(0, b)].nreqs = 3;
+    unit_log_count = 0;
+    int rc = erdma_isend(p.sc, m.src[1], 4096, 101, m.smh[1], NULL, &s[1]);
+    if (!rc) rc = erdma_isend(p.sc, m.src[1], 4096, 102, m.smh[1], NULL, &s[2]);
+    for (int i = 0; i < 3 && !rc; i++)
+        if (s[i]) rc = wait_req(s[i], NULL) == 1 ? 0 : -1;
+    if (rc != -EPROTO) unit_log_print();
+    assert_int_equal(rc, -EPROTO);
+    assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", "clear-to-send");
+    multi_free(&p, &m, 3 - 1);
+    close_pair(&p);
+}
+
+/* ---- defect 3: the peer's max_msg_sz ---- */
+
+static int setup_tiny_msg_peer(void **state) {
+    /* device 1 is the receiver; its REPLY carries its port's max_msg_sz, here 1 byte: the
+     * very bytes a hostile peer would send */
+    struct fake_dev_cfg cfg[2] = {{.name = "fake0"}, {.name = "fake1", .max_msg_sz = 1}};
+    unit_log_start();
+    assert_int_equal(fake_env_start(2, cfg, NULL), 2);
+    return 0;
+}
+
+static void test_peer_max_msg_tiny(void **state) {
+    void *s = NULL, *r = NULL;
+    int rc = fake_pair_connect(0, 1, &s, &r);
+    if (rc == 0) {
+        /* the old code accepted it: a 4 KiB isend then needs 4,097 work requests on a
+         * 1,024-deep send queue and test() says "not done" for ever */
+        struct pair p = {s, r};
+        char *src = calloc(1, 4096), *dst = calloc(1, 4096);
+        void *smh = reg(s, src, 4096), *rmh = reg(r, dst, 4096);
+        void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL, *sreq = NULL;
+        size_t sizes[1] = {4096};
+        int tags[1] = {1};
+        assert_int_equal(erdma_irecv(r, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+        int ret = 0;
+        for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++)
+            ret = erdma_isend(s, src, 4096, 1, smh, NULL, &sreq);
+        if (!ret && sreq) ret = wait_req(sreq, NULL);
+        erdma_dereg_mr(s, smh);
+        erdma_dereg_mr(r, rmh);
+        free(src);
+        free(dst);
+        close_pair(&p);
+        fail_msg("a peer's max_msg_sz of 1 was accepted; the 4 KiB send then %s",
+                 ret == 0 ? "never completed and never failed (hang)" : "ended");
+    }
+    assert_int_equal(rc, -EPROTO);
+    assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", "max message size");
+}
+
+/* Our own device may allow fewer bytes per work request than a message needs in one send
+ * queue: that is a clear error on the request, never a silent stall. */
+static int setup_small_sq(void **state) {
+    struct fake_dev_cfg cfg[2] = {{.name = "fake0", .max_msg_sz = 1u << 20, .max_qp_wr = 16},
+                                  {.name = "fake1"}};
+    unit_log_start();
+    assert_int_equal(fake_env_start(2, cfg, NULL), 2);
+    return 0;
+}
+
+static void test_message_beyond_send_queue(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 1);
+    size_t len = 32u << 20; /* 32 work requests of 1 MiB, on a 16-deep send queue */
+    char *src = calloc(1, len), *dst = calloc(1, len);
+    void *smh = reg(p.sc, src, len), *rmh = reg(p.rc, dst, len);
+    void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL, *sreq = NULL;
+    size_t sizes[1] = {len};
+    int tags[1] = {1};
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+    int ret = 0;
+    for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++)
+        ret = erdma_isend(p.sc, src, len, 1, smh, NULL, &sreq);
+    if (!ret && sreq) ret = wait_req(sreq, NULL);
+    if (ret != -EMSGSIZE) unit_log_print();
+    assert_int_equal(ret, -EMSGSIZE);
+    assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", "work requests");
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    free(src);
+    free(dst);
+    close_pair(&p);
+}
+
+/* ---- the receiver's side: records and immediates the peer chooses ---- */
+
+/* One receive of 4 KiB on tag 1, its clear-to-send posted. */
+static void *post_one_recv(struct pair *p, char **buf, void **mh) {
+    *buf = calloc(1, 4096);
+    *mh = reg(p->rc, *buf, 4096);
+    void *data[1] = {*buf}, *mhs[1] = {*mh}, *req = NULL;
+    size_t sizes[1] = {4096};
+    int tags[1] = {1};
+    assert_int_equal(erdma_irecv(p->rc, 1, data, sizes, tags, mhs, NULL, &req), 0);
+    assert_non_null(req);
+    return req;
+}
+
+static void expect_recv_fails(struct pair *p, void *req, int err, const char *what) {
+    int rc = wait_req(req, NULL);
+    if (rc != err) unit_log_print();
+    assert_int_equal(rc, err);
+    assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", what);
+}
+
+static void hostile_recv_case_err(uint32_t opcode, uint32_t imm, const void *bytes, uint32_t len,
+                                  const struct wire_record *rec, int err, const char *what) {
+    struct pair p;
+    char *buf;
+    void *mh;
+    connect_pair(&p, 0, 0);
+    void *req = post_one_recv(&p, &buf, &mh);
+    if (rec) memcpy(&p.rc->rec_area[0], rec, sizeof(*rec));
+    unit_log_count = 0;
+    assert_int_equal(fake_inject_recv(p.rc->c.qps[0].qp, opcode, imm, bytes, len), 0);
+    expect_recv_fails(&p, req, err, what);
+    erdma_dereg_mr(p.rc, mh);
+    free(buf);
+    close_pair(&p);
+}
+
+static void hostile_recv_case(uint32_t opcode, uint32_t imm, const void *bytes, uint32_t len,
+                              const struct wire_record *rec, const char *what) {
+    hostile_recv_case_err(opcode, imm, bytes, len, rec, -EPROTO, what);
+}
+
+static void test_peer_imm_size_beyond_buffer(void **state) {
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 4097, NULL, 0, NULL, "4097 bytes into buffer");
+}
+
+static void test_peer_imm_record_wrong_seq(void **state) {
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 0x80000000u | 5, NULL, 0, NULL,
+                      "unexpected completion");
+}
+
+static void test_peer_record_bad_count(void **state) {
+    struct wire_record r = {.seq = 0, .n = 200};
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 0x80000000u, NULL, 0, &r, "200 buffers");
+}
+
+static void test_peer_record_bad_seq(void **state) {
+    struct wire_record r = {.seq = 77, .n = 1, .sizes = {10}};
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 0x80000000u, NULL, 0, &r, "sequence 77");
+}
+
+/* Write-with-imm receives have no buffer: a SEND with data fails at the NIC (length
+ * error), and the connection with it. */
+static void test_peer_send_in_imm_mode(void **state) {
+    struct wire_record r = {.seq = 0, .n = 1, .sizes = {10}};
+    hostile_recv_case_err(IBV_WC_RECV, 0, &r, sizeof(r), NULL, -EREMOTEIO, "receive on QP");
+}
+
+static int setup_send_mode(void **state) {
+    const char *env[] = {"NCCL_ERDMA_COMPLETION=send", NULL};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    assert_int_equal(device_get(0)->completion, COMPLETION_SEND);
+    return 0;
+}
+
+static void test_send_mode_roundtrip_and_hostile_ring(void **state) {
+    test_roundtrip(state);
+    struct wire_record r = {.seq = 0, .n = 1, .sizes = {5000}};
+    hostile_recv_case(IBV_WC_RECV, 0, &r, sizeof(r), NULL, "5000 bytes into buffer");
+    hostile_recv_case(IBV_WC_RECV, 0, &r, 5, NULL, "unexpected completion"); /* short */
+    r.sizes[0] = 1;
+    r.n = 9;
+    hostile_recv_case(IBV_WC_RECV, 0, &r, sizeof(r), NULL, "9 buffers");
+    hostile_recv_case(IBV_WC_RECV_RDMA_WITH_IMM, 1, NULL, 0, NULL, "unexpected completion");
+}
+
+/* ---- the sender's side: FIFO fields out of range ---- */
+
+static void test_peer_fifo_fields(void **state) {
+    static const struct {
+        int field; /* 0 nreqs, 1 rkey, 2 addr, 3 size */
+        uint64_t value;
+        int err;
+        const char *what;
+    } cases[] = {
+        {0, 0, -EPROTO, "announces 0 buffers"},
+        {0, 9, -EPROTO, "announces 9 buffers"},
+        {0, 65535, -EPROTO, "announces 65535 buffers"},
+        {1, 0xdeadbeef, -EREMOTEIO, "payload write"}, /* the NIC refuses the key */
+        {2, 0x10, -EREMOTEIO, "payload write"},       /* outside the peer's region */
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        struct pair p;
+        char *rbuf, *sbuf = calloc(1, 4096);
+        void *rmh;
+        connect_pair(&p, 0, 0);
+        void *rreq = post_one_recv(&p, &rbuf, &rmh);
+        void *smh = reg(p.sc, sbuf, 4096), *sreq = NULL;
+        volatile struct wire_cts *e = slot0(&p);
+        switch (cases[k].field) {
+        case 0:
+            e->nreqs = (uint16_t)cases[k].value;
+            break;
+        case 1:
+            e->rkey = (uint32_t)cases[k].value;
+            break;
+        case 2:
+            e->addr = cases[k].value;
+            break;
+        }
+        /* a receive smaller than our send is not bad input: net_ib truncates (itest_conform) */
+        unit_log_count = 0;
+        int rc = erdma_isend(p.sc, sbuf, 4096, 1, smh, NULL, &sreq);
+        if (!rc && sreq) rc = wait_req(sreq, NULL);
+        if (rc != cases[k].err) unit_log_print();
+        assert_int_equal(rc, cases[k].err);
+        assert_logged(NCCL_LOG_WARN, "fake0", cases[k].what);
+        (void)rreq;
+        erdma_dereg_mr(p.sc, smh);
+        erdma_dereg_mr(p.rc, rmh);
+        free(sbuf);
+        free(rbuf);
+        close_pair(&p);
+    }
+}
+
+/* ---- shapes: several QPs, split data, the flush read ---- */
+
+static int setup_split(void **state) {
+    const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=3", "NCCL_IB_SPLIT_DATA_ON_QPS=1",
+                         "NCCL_ERDMA_FORCE_FLUSH=1", NULL};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    return 0;
+}
+
+static void test_split_and_flush(void **state) {
+    test_roundtrip(state);
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    assert_int_equal(p.sc->c.nqps, 3);
+    assert_true(p.rc->flush_ready);
+    char *buf = calloc(1, 4096);
+    void *mh = reg(p.rc, buf, 4096), *req = NULL, *data[1] = {buf}, *mhs[1] = {mh};
+    int sizes[1] = {4096};
+    assert_int_equal(erdma_iflush(p.rc, 1, data, sizes, mhs, &req), 0);
+    assert_non_null(req);
+    assert_int_equal(wait_req(req, NULL), 1);
+    erdma_dereg_mr(p.rc, mh);
+    free(buf);
+    close_pair(&p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_roundtrip, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_lowers_nreqs, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_raises_nreqs, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_max_msg_tiny, setup_tiny_msg_peer, teardown_env),
+        cmocka_unit_test_setup_teardown(test_message_beyond_send_queue, setup_small_sq,
+                                        teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_imm_size_beyond_buffer, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_imm_record_wrong_seq, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_record_bad_count, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_record_bad_seq, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_send_in_imm_mode, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_send_mode_roundtrip_and_hostile_ring, setup_send_mode,
+                                        teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_fifo_fields, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_split_and_flush, setup_split, teardown_env),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
