@@ -7,6 +7,7 @@
 #define ERDMA_COMM_H
 
 #include "device.h"
+#include "stats.h"
 #include "wire.h"
 
 #include <stdbool.h>
@@ -48,6 +49,8 @@ struct erdma_request {
     int n;
     uint64_t sizes[ERDMA_MAX_RECVS];
     uint32_t seq;
+    uint64_t posted_ns; /* coarse clock: the longest time in flight, for the counters */
+    void *phandle;      /* isend: NCCL's profiler handle (v10+), NULL otherwise */
 };
 
 /* One connection end: what conn.c sets up and p2p.c uses. */
@@ -76,6 +79,7 @@ struct conn {
     /* the device's port_downs when this connection was made */
     unsigned port_downs;
     struct rdma_event_channel *cm_ch;
+    struct stats_conn stats; /* registered once the connection is up */
 };
 
 struct send_slot {
@@ -104,6 +108,9 @@ struct send_comm {
     int warmup_repeats;    /* rdma_cm mode: warm-ups said again while no clear-to-send came */
     uint64_t warmup_at_ns; /* when the last one was posted; 0 once a clear-to-send came */
     struct rdma_cm_id *cm_retired[ERDMA_MAX_QPS]; /* ids to destroy once their event is acked */
+    /* profiler events of each slot's buffers on each QP, NULL when none is open (outside the
+     * slots: isend clears a slot on the hot path, these stay cleared by their stops) */
+    void *prof_ev[ERDMA_FIFO_DEPTH][ERDMA_MAX_RECVS][ERDMA_MAX_QPS];
 };
 
 struct recv_slot {
@@ -137,6 +144,7 @@ struct recv_comm {
     struct rdma_event_channel *flush_ch;
     int flush_up; /* rdma_cm loopback: ends established (2 = ready) */
     struct erdma_request reqs[ERDMA_RECV_REQS];
+    void *prof_ev[ERDMA_FIFO_DEPTH][ERDMA_MAX_RECVS][ERDMA_MAX_QPS]; /* as the sender's */
 };
 
 /* Clear-to-send entries, in the sender's FIFO and the receiver's staging copy, are stored
@@ -166,6 +174,8 @@ int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot);
  * posts no clear-to-send before it has seen them all. */
 int p2p_send_warmup(struct send_comm *sc);
 int p2p_recv_warmup_done(struct recv_comm *rc); /* 1 done, 0 not yet, -errno */
+/* Stops the profiler events still open on a comm being destroyed. */
+void p2p_prof_close(struct conn *c);
 void conn_destroy_common(struct conn *c);
 
 #endif

@@ -94,6 +94,8 @@ void conn_destroy_common(struct conn *c) {
      * after its last completion can flush a message the other side has not finished with:
      * in rdma_cm mode both ends say goodbye first (bounded, so teardown never hangs). */
     if (c->cm_ch && c->fd >= 0 && !c->error) oob_goodbye(c->fd, 300);
+    stats_conn_close(&c->stats);
+    p2p_prof_close(c);
     cm_disconnect_all(c);
     for (int i = 0; i < c->nqps; i++)
         qp_destroy(&c->qps[i]);
@@ -425,6 +427,8 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
     }
     if (rc == 1) {
         *send_comm = st->sc;
+        stats_conn_open(&st->sc->c.stats, dev->index, STATS_SEND, st->sc->c.peer);
+        stats_event(dev->index, STATS_CONNECT);
         TRACE(NCCL_NET, "%s: connected to %s with %d QP(s)", dev->name, st->sc->c.peer,
               st->sc->c.nqps);
         connect_state_free(st);
@@ -575,6 +579,7 @@ static void drop_stray_peer(struct listen_comm *lc, int i, const char *why) {
     struct accept_state *as = lc->candidates[i];
     WARN("%s: rejecting connection from %s: %s; still waiting for the expected peer",
          lc->base.dev->name, as->peer, why);
+    stats_event(lc->base.dev->index, STATS_ACCEPT_REJECT);
     accept_state_free(as);
     lc->candidates[i] = lc->candidates[--lc->ncandidates];
 }
@@ -758,6 +763,8 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
     }
     if (rc == 1) {
         *recv_comm = as->rc;
+        stats_conn_open(&as->rc->c.stats, lc->base.dev->index, STATS_RECV, as->rc->c.peer);
+        stats_event(lc->base.dev->index, STATS_ACCEPT);
         as->rc = NULL;
         accept_state_free(as);
         lc->pending = NULL;

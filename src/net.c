@@ -11,6 +11,8 @@
 #include "mr_cache.h"
 #include "mtu_guard.h"
 #include "params.h"
+#include "prof.h"
+#include "stats.h"
 #include "topo.h"
 #include "verbs.h"
 
@@ -24,10 +26,20 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int init_refs;
 static pid_t init_pid; /* the process whose init opened the devices */
 
-int erdma_init(ncclDebugLogger_t logger) {
+/* Names the devices for the counters and starts the stats file writer. */
+static void stats_begin_devices(void) {
+    const char *names[ERDMA_MAX_DEVICES];
+    int n = devices_count();
+    for (int i = 0; i < n && i < ERDMA_MAX_DEVICES; i++)
+        names[i] = device_get(i)->name;
+    stats_start(n, names);
+}
+
+int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     int rc = 0;
     pthread_mutex_lock(&init_lock);
     erdma_log_set(logger);
+    if (prof) prof_set(prof); /* NCCL hands every context the same one */
     if (init_refs++ > 0) goto out;
     init_pid = getpid();
 
@@ -62,10 +74,12 @@ int erdma_init(ncclDebugLogger_t logger) {
         verbs_close();
         goto fail;
     }
+    stats_begin_devices(); /* never fails init: a bad stats file is WARNed about */
     rc = 0;
     goto out;
 fail:
     init_refs--;
+    prof_set(NULL);
 out:
     pthread_mutex_unlock(&init_lock);
     return rc;
@@ -73,9 +87,11 @@ out:
 
 static void release_all(void) {
     erdma_connect_sweep(); /* abandoned connects hold QPs, CQs and MRs of the devices */
+    stats_stop();          /* the INFO line per device and the last file, while names are valid */
     async_stop();          /* before the devices it watches */
     devices_release();
     verbs_close();
+    prof_set(NULL);
 }
 
 void erdma_finalize(void) {

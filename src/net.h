@@ -14,7 +14,8 @@
 struct erdma_props;
 
 /* Refcounted: the first init discovers devices, the last finalize releases them. */
-int erdma_init(ncclDebugLogger_t logger);
+/* prof: NCCL's profiler callback (v10+), or NULL. */
+int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof);
 void erdma_finalize(void);
 int erdma_devices(int *ndev);
 int erdma_get_properties(int dev, struct erdma_props *props);
@@ -33,9 +34,11 @@ int erdma_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t 
                         void **mhandle);
 int erdma_dereg_mr(void *comm, void *mhandle);
 
-int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
+/* phandle(s): NCCL's profiler handles (v10+), NULL before v10 */
+int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                void **request);
 int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
-                void **mhandles, void **request);
+                void **mhandles, void **phandles, void **request);
 int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **mhandles,
                  void **request);
 int erdma_test(void *request, int *done, int *sizes);

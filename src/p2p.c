@@ -18,6 +18,7 @@
 #include "mr_cache.h"
 #include "net.h"
 #include "oob.h"
+#include "prof.h"
 #include "qp.h"
 
 #include <arpa/inet.h>
@@ -137,6 +138,7 @@ int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot) {
         wr.num_sge = 1;
     } /* write-with-imm consumes a receive without data: zero SGEs, as eRDMA allows */
     int ret = verbs_errno(vb.post_recv(rc->c.qps[qp].qp, &wr, &bad));
+    if (!ret) stats_add(&rc->c.stats.c.wrs_posted, 1);
     if (ret)
         WARN("%s: posting a receive on QP %u failed: %s", rc->c.base.dev->name,
              rc->c.qps[qp].qp->qp_num, strerror(-ret));
@@ -150,6 +152,61 @@ int p2p_recv_post_initial(struct recv_comm *rc) {
             if (ret) return ret;
         }
     return 0;
+}
+
+/* ------------------------------------------------------------ profiler events */
+static void qp_share(const struct conn *c, uint64_t size, int q, int used, uint64_t *off,
+                     uint64_t *len);
+
+/* A receive's events: one per buffer and QP that carries it, as net_ib starts one per receive
+ * work request; wr_id is the FIFO slot (as net_ib's), the opcode the peer's operation that
+ * completes it, the length the bytes of the posted buffer that QP carries. */
+static void recv_prof_start(struct recv_comm *rc, uint32_t idx, int n, const size_t *sizes,
+                            void **phandles) {
+    struct conn *c = &rc->c;
+    int used = c->split ? c->nqps : 1;
+    int first = c->split ? 0 : (int)(rc->slots[idx].seq % (uint32_t)c->nqps);
+    int op = c->completion == COMPLETION_IMM ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_SEND;
+    for (int i = 0; i < n && phandles; i++)
+        for (int u = 0; u < used; u++) {
+            uint64_t off, len;
+            qp_share(c, sizes[i], u, used, &off, &len);
+            prof_qp_start(&rc->prof_ev[idx][i][first + u], phandles[i], c->base.dev->index,
+                          c->qps[first + u].qp->qp_num, idx, op, len);
+        }
+}
+
+static void recv_prof_stop(struct recv_comm *rc, uint32_t idx, int n) {
+    for (int i = 0; i < n; i++)
+        for (int q = 0; q < rc->c.nqps; q++)
+            prof_qp_stop(&rc->prof_ev[idx][i][q]);
+}
+
+/* A send's events: one per request and QP its slot was posted on (net_ib's granularity: one
+ * work request per request per QP unless the device's message size cuts it), with the id and
+ * opcode of the work request whose completion ends it, and the bytes it carries there. */
+static void send_prof_start(struct send_comm *sc, const struct send_slot *slot, uint32_t idx,
+                            int first, int u, int used, bool fast, int done_opcode) {
+    struct conn *c = &sc->c;
+    int q = first + u;
+    for (int i = 0; i < slot->n; i++) {
+        uint64_t off, len;
+        qp_share(c, slot->sends[i].size, u, used, &off, &len);
+        int op = fast || !len ? done_opcode : IBV_WR_RDMA_WRITE;
+        prof_qp_start(&sc->prof_ev[idx][i][q], slot->sends[i].req->phandle, c->base.dev->index,
+                      c->qps[q].qp->qp_num, wr_id(WR_RECORD, q, idx), op, len);
+    }
+}
+
+void p2p_prof_close(struct conn *c) {
+    if (!prof_on() || (c->base.kind != COMM_SEND && c->base.kind != COMM_RECV)) return;
+    void *(*ev)[ERDMA_MAX_RECVS][ERDMA_MAX_QPS] = c->base.kind == COMM_SEND
+                                                      ? ((struct send_comm *)c)->prof_ev
+                                                      : ((struct recv_comm *)c)->prof_ev;
+    for (int s = 0; s < ERDMA_FIFO_DEPTH; s++)
+        for (int i = 0; i < ERDMA_MAX_RECVS; i++)
+            for (int q = 0; q < ERDMA_MAX_QPS; q++)
+                prof_qp_stop(&ev[s][i][q]);
 }
 
 static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec, uint32_t seq) {
@@ -167,11 +224,16 @@ static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec
         WARN("%s: corrupt completion from %s: %s", rc->c.base.dev->name, rc->c.peer, why);
         return conn_fail(&rc->c, ret);
     }
+    uint64_t bytes = 0;
     for (int i = 0; i < req->n; i++)
-        req->sizes[i] = rec->sizes[i];
+        bytes += req->sizes[i] = rec->sizes[i];
     req->done = true;
     slot->req = NULL;
     rc->arrived++;
+    stats_add(&rc->c.stats.c.bytes_recv, bytes);
+    stats_add(&rc->c.stats.c.msgs_recv, 1);
+    stats_max(&rc->c.stats.c.max_inflight_ns, now_coarse_ns() - req->posted_ns);
+    if (prof_on()) recv_prof_stop(rc, seq % ERDMA_FIFO_DEPTH, req->n);
     return 0;
 }
 
@@ -233,6 +295,7 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
         return conn_fail(&rc->c, ret);
     }
     qp_sq_push(qp, rows, signal);
+    stats_add(&rc->c.stats.c.wrs_posted, (uint64_t)rows);
     return 0;
 }
 
@@ -303,9 +366,18 @@ static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
 static void send_handle_record_done(struct send_comm *sc, int q, uint32_t slot_idx) {
     struct send_slot *slot = &sc->slots[slot_idx];
     qp_sq_retire(&sc->c.qps[q]);
+    if (prof_on())
+        for (int i = 0; i < slot->n; i++)
+            prof_qp_stop(&sc->prof_ev[slot_idx][i][q]);
     if (--slot->pending > 0) return;
-    for (int i = 0; i < slot->n; i++)
-        slot->sends[i].req->done = true;
+    uint64_t now = now_coarse_ns();
+    for (int i = 0; i < slot->n; i++) {
+        struct erdma_request *req = slot->sends[i].req;
+        req->done = true;
+        stats_add(&sc->c.stats.c.bytes_sent, slot->sends[i].size);
+        stats_add(&sc->c.stats.c.msgs_sent, 1);
+        stats_max(&sc->c.stats.c.max_inflight_ns, now - req->posted_ns);
+    }
 }
 
 static int send_handle_wc(struct send_comm *sc, const struct ibv_wc *wc) {
@@ -447,6 +519,8 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
         int ret = verbs_errno(vb.post_send(q->qp, wrs, &bad));
         if (ret) goto post_failed;
         qp_sq_push(q, total, true);
+        stats_add(&c->stats.c.wrs_posted, (uint64_t)total);
+        if (prof_on()) send_prof_start(sc, slot, idx, first, u, used, fast, w->opcode);
         continue;
     post_failed:
         WARN("%s: posting %d work request(s) on QP %u to %s failed: %s", c->base.dev->name, total,
@@ -525,6 +599,7 @@ static int conn_progress(struct conn *c) {
     for (int i = 0; i < n; i++) {
         const struct ibv_wc *wc = &wcs[i];
         if (wc->status != IBV_WC_SUCCESS) {
+            stats_wc_error(&c->stats, wc->status);
             report_wc_error(c, wc);
             return conn_fail(c, wc->status == IBV_WC_WR_FLUSH_ERR ? -ECONNABORTED : -EREMOTEIO);
         }
@@ -562,6 +637,7 @@ static int post_warmups(struct send_comm *sc) {
             return ret;
         }
         qp_sq_push(&sc->c.qps[q], 1, true);
+        stats_add(&sc->c.stats.c.wrs_posted, 1);
     }
     sc->warmup_at_ns = now_coarse_ns();
     return 0;
@@ -597,7 +673,8 @@ static inline volatile struct wire_cts *fifo_entry(struct send_comm *sc, uint32_
     return &sc->fifo[cts_index(idx, buf)];
 }
 
-int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request) {
+int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                void **request) {
     struct send_comm *sc = send_comm;
     *request = NULL;
     if (!sc || sc->c.base.kind != COMM_SEND) {
@@ -653,6 +730,8 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     req->n = 1;
     req->sizes[0] = size;
     req->seq = sc->fifo_seq;
+    req->posted_ns = now_coarse_ns();
+    req->phandle = phandle;
     slot->sends[i].req = req;
     slot->sends[i].data = data;
     slot->sends[i].size = size;
@@ -664,7 +743,7 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
 }
 
 int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
-                void **mhandles, void **request) {
+                void **mhandles, void **phandles, void **request) {
     struct recv_comm *rc = recv_comm;
     *request = NULL;
     if (!rc || rc->c.base.kind != COMM_RECV) {
@@ -690,6 +769,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     if (!req) return 0;
     req->n = n;
     req->seq = seq;
+    req->posted_ns = now_coarse_ns();
 
     uint64_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -709,6 +789,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     slot->got = 0;
     rc->seq++;
     *request = req;
+    if (prof_on()) recv_prof_start(rc, idx, n, sizes, phandles);
     int ret = cts_may_wait(rc, total) ? 0 : cts_flush(rc);
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;
@@ -758,6 +839,8 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
         return conn_fail(&rc->c, ret);
     }
     qp_sq_push(&rc->flush_qp, 1, true);
+    stats_add(&rc->c.stats.c.wrs_posted, 1);
+    stats_add(&rc->c.stats.c.flushes, 1);
     *request = req;
     return 0;
 }

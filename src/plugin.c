@@ -118,12 +118,12 @@ static ncclResult_t api_listen(int dev, void *handle, void **lc) {
 }
 
 static ncclResult_t api_isend(void *sc, void *data, size_t size, int tag, void *mh, void **req) {
-    return to_nccl(erdma_isend(sc, data, size, tag, mh, req));
+    return to_nccl(erdma_isend(sc, data, size, tag, mh, NULL, req));
 }
 
 static ncclResult_t api_irecv(void *rc, int n, void **data, size_t *sizes, int *tags, void **mh,
                               void **req) {
-    return to_nccl(erdma_irecv(rc, n, data, sizes, tags, mh, req));
+    return to_nccl(erdma_irecv(rc, n, data, sizes, tags, mh, NULL, req));
 }
 
 /* ------------------------------------------------------------ properties */
@@ -201,7 +201,7 @@ static ncclResult_t api_get_properties_v12(int dev, ncclNetProperties_v12_t *out
 
 /* ------------------------------------------------------------ v8 (int sizes) */
 static ncclResult_t api_init_v8(ncclDebugLogger_t logger) {
-    return to_nccl(erdma_init(logger));
+    return to_nccl(erdma_init(logger, NULL));
 }
 
 static ncclResult_t api_connect_v8(int dev, void *handle, void **sc, ncclNetDeviceHandle_t **devh) {
@@ -213,7 +213,7 @@ static ncclResult_t api_isend_v8(void *sc, void *data, int size, int tag, void *
         WARN("isend: negative size %d", size);
         return ncclInvalidArgument;
     }
-    return to_nccl(erdma_isend(sc, data, (size_t)size, tag, mh, req));
+    return to_nccl(erdma_isend(sc, data, (size_t)size, tag, mh, NULL, req));
 }
 
 static ncclResult_t api_irecv_v8(void *rc, int n, void **data, int *sizes, int *tags, void **mh,
@@ -230,12 +230,12 @@ static ncclResult_t api_irecv_v8(void *rc, int n, void **data, int *sizes, int *
         }
         wide[i] = (size_t)sizes[i];
     }
-    return to_nccl(erdma_irecv(rc, n, data, wide, tags, mh, req));
+    return to_nccl(erdma_irecv(rc, n, data, wide, tags, mh, NULL, req));
 }
 
 /* ------------------------------------------------------------ v10 (profiler, tc at connect) */
 static ncclResult_t api_init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
-    return to_nccl(erdma_init(logger));
+    return to_nccl(erdma_init(logger, prof));
 }
 
 static ncclResult_t api_connect_v10(int dev, ncclNetCommConfig_t *config, void *handle, void **sc,
@@ -246,12 +246,12 @@ static ncclResult_t api_connect_v10(int dev, ncclNetCommConfig_t *config, void *
 
 static ncclResult_t api_isend_v10(void *sc, void *data, size_t size, int tag, void *mh,
                                   void *phandle, void **req) {
-    return api_isend(sc, data, size, tag, mh, req);
+    return to_nccl(erdma_isend(sc, data, size, tag, mh, phandle, req));
 }
 
 static ncclResult_t api_irecv_v10(void *rc, int n, void **data, size_t *sizes, int *tags, void **mh,
                                   void **phandles, void **req) {
-    return api_irecv(rc, n, data, sizes, tags, mh, req);
+    return to_nccl(erdma_irecv(rc, n, data, sizes, tags, mh, phandles, req));
 }
 
 /* ------------------------------------------------------------ v11/v12 (per-communicator context)
@@ -265,7 +265,7 @@ static ncclResult_t api_init_v11(void **ctx, uint64_t comm_id, ncclNetCommConfig
                                  ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     struct plugin_ctx *c = calloc(1, sizeof(*c));
     if (!c) return ncclSystemError;
-    int rc = erdma_init(logger);
+    int rc = erdma_init(logger, prof);
     if (rc) {
         free(c);
         return to_nccl(rc);

@@ -119,7 +119,7 @@ static void op_irecv(struct input *in, struct recv_comm *rc, void *rmh) {
         bufs[i] = recv_arena + (size_t)((rc->seq * ERDMA_MAX_RECVS + (uint32_t)i) % 16) * 4096;
         mhs[i] = rmh;
     }
-    if (erdma_irecv(rc, n, bufs, sizes, tags, mhs, &req) == 0 && req && nout < MAX_OUT) {
+    if (erdma_irecv(rc, n, bufs, sizes, tags, mhs, NULL, &req) == 0 && req && nout < MAX_OUT) {
         out[nout] = (struct outstanding){.req = req, .recv = true, .n = n};
         memcpy(out[nout].sizes, sizes, sizeof(sizes));
         nout++;
@@ -131,7 +131,7 @@ static void op_isend(struct input *in, struct send_comm *sc, void *smh) {
     int tag = (int8_t)u8(in);
     void *req = NULL;
     uint8_t *buf = send_arena + (size_t)(u8(in) % 15) * 4096;
-    if (erdma_isend(sc, buf, size, tag, smh, &req) == 0 && req && nout < MAX_OUT)
+    if (erdma_isend(sc, buf, size, tag, smh, NULL, &req) == 0 && req && nout < MAX_OUT)
         out[nout++] = (struct outstanding){.req = req, .recv = false, .n = 1};
 }
 

@@ -18,19 +18,31 @@ static double now_s(void) {
 }
 
 int net_open(struct netapi *n, int version, const char *devname) {
-    return net_open_tc(n, version, devname, NCCL_NET_TRAFFIC_CLASS_UNDEF);
+    return net_open_cfg(n, version, devname, NCCL_NET_TRAFFIC_CLASS_UNDEF, NULL);
+}
+
+int net_open_prof(struct netapi *n, int version, const char *devname, ncclProfilerCallback_t prof) {
+    return net_open_cfg(n, version, devname, NCCL_NET_TRAFFIC_CLASS_UNDEF, prof);
 }
 
 int net_open_tc(struct netapi *n, int version, const char *devname, int traffic_class) {
+    return net_open_cfg(n, version, devname, traffic_class, NULL);
+}
+
+int net_open_cfg(struct netapi *n, int version, const char *devname, int traffic_class,
+                 ncclProfilerCallback_t prof) {
     memset(n, 0, sizeof(*n));
     n->version = version;
     if (plugin_open(&n->p)) return -1;
     int rc, ndev = 0;
     n->t12 = version == 11 ? (const ncclNet_v12_t *)n->p.v11 : n->p.v12;
+    ncclNetCommConfig_t cfg = {.trafficClass = traffic_class};
     if (version >= 11) {
-        ncclNetCommConfig_t cfg = {.trafficClass = traffic_class};
-        rc = n->t12->init(&n->ctx, 42, &cfg, log_capture, NULL);
+        rc = n->t12->init(&n->ctx, 42, &cfg, log_capture, prof);
         if (!rc) rc = n->t12->devices(&ndev);
+    } else if (version == 10) {
+        rc = n->p.v10->init(log_capture, prof);
+        if (!rc) rc = n->p.v10->devices(&ndev);
     } else {
         rc = n->p.v8->init(log_capture);
         if (!rc) rc = n->p.v8->devices(&ndev);
@@ -52,12 +64,14 @@ int net_open_tc(struct netapi *n, int version, const char *devname, int traffic_
 }
 
 void net_close(struct netapi *n) {
-    if (n->version >= 11 && n->ctx) n->t12->finalize(n->ctx);
+    if (n->version == 12 && n->ctx) n->p.v12->finalize(n->ctx);
+    if (n->version == 11 && n->ctx) n->p.v11->finalize(n->ctx);
     plugin_close(&n->p);
 }
 
 int net_listen(struct netapi *n, void *handle, void **lc) {
-    return n->version >= 11 ? n->t12->listen(n->ctx, n->dev, handle, lc)
+    if (n->version == 11) return n->p.v11->listen(n->ctx, n->dev, handle, lc);
+    return n->version == 12 ? n->p.v12->listen(n->ctx, n->dev, handle, lc)
                             : n->p.v8->listen(n->dev, handle, lc);
 }
 
@@ -66,8 +80,11 @@ int net_connect(struct netapi *n, void *handle, void **sc, int timeout_s) {
     *sc = NULL;
     while (!*sc) {
         ncclNetDeviceHandle_t *dh = NULL;
-        int rc = n->version >= 11 ? n->t12->connect(n->ctx, n->dev, handle, sc, &dh)
-                                  : n->p.v8->connect(n->dev, handle, sc, &dh);
+        ncclNetCommConfig_t cfg = {.trafficClass = -1};
+        int rc = n->version == 12   ? n->p.v12->connect(n->ctx, n->dev, handle, sc, &dh)
+                 : n->version == 11 ? n->p.v11->connect(n->ctx, n->dev, handle, sc, &dh)
+                 : n->version == 10 ? n->p.v10->connect(n->dev, &cfg, handle, sc, &dh)
+                                    : n->p.v8->connect(n->dev, handle, sc, &dh);
         if (rc) return rc;
         if (!*sc && now_s() > end) {
             fprintf(stderr, "connect: still not connected after %d s\n", timeout_s);
@@ -106,8 +123,11 @@ int net_isend(struct netapi *n, void *sc, void *data, size_t size, int tag, void
     double end = now_s() + timeout_s;
     *req = NULL;
     while (!*req) {
-        int rc = n->version >= 11 ? n->t12->isend(sc, data, size, tag, mh, NULL, req)
-                                  : n->p.v8->isend(sc, data, (int)size, tag, mh, req);
+        void *ph = n->phandle;
+        int rc = n->version == 12   ? n->p.v12->isend(sc, data, size, tag, mh, ph, req)
+                 : n->version == 11 ? n->p.v11->isend(sc, data, size, tag, mh, ph, req)
+                 : n->version == 10 ? n->p.v10->isend(sc, data, size, tag, mh, ph, req)
+                                    : n->p.v8->isend(sc, data, (int)size, tag, mh, req);
         if (rc) return rc;
         if (!*req && now_s() > end) {
             fprintf(stderr, "isend: no clear-to-send after %d s\n", timeout_s);
@@ -123,9 +143,13 @@ int net_irecv(struct netapi *n, void *rc, int cnt, void **data, size_t *sizes, i
     *req = NULL;
     while (!*req) {
         int r;
-        if (n->version >= 11) {
+        if (n->version >= 10) {
             void *ph[8] = {0};
-            r = n->t12->irecv(rc, cnt, data, sizes, tags, mh, ph, req);
+            for (int i = 0; i < cnt && n->phandle; i++)
+                ph[i] = n->phandle + i;
+            r = n->version == 12   ? n->p.v12->irecv(rc, cnt, data, sizes, tags, mh, ph, req)
+                : n->version == 11 ? n->p.v11->irecv(rc, cnt, data, sizes, tags, mh, ph, req)
+                                   : n->p.v10->irecv(rc, cnt, data, sizes, tags, mh, ph, req);
         } else {
             int isz[8];
             for (int i = 0; i < cnt; i++)

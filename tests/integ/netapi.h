@@ -15,17 +15,25 @@
 
 struct netapi {
     struct plugin p;
-    int version; /* 8, 11 or 12 */
+    int version; /* 8, 10, 11 or 12 */
     void *ctx;   /* v11/v12 context */
     /* v11 and v12 share their function list; only the property types differ */
     const ncclNet_v12_t *t12;
     int dev;
+    /* v10+: what isend hands the plugin as NCCL's profiler handle; irecv hands buffer i
+     * phandle + i. NULL: none, as before. */
+    char *phandle;
 };
 
 /* Opens the plugin, inits it, and finds the device by name. 0 or -1 (message printed). */
 int net_open(struct netapi *n, int version, const char *devname);
+/* The same, handing init a profiler callback (v10+), as NCCL does. */
+int net_open_prof(struct netapi *n, int version, const char *devname, ncclProfilerCallback_t prof);
 /* The same, with a communicator traffic class for v11/v12's init config. */
 int net_open_tc(struct netapi *n, int version, const char *devname, int traffic_class);
+/* Both: a traffic class and a profiler callback. */
+int net_open_cfg(struct netapi *n, int version, const char *devname, int traffic_class,
+                 ncclProfilerCallback_t prof);
 void net_close(struct netapi *n);
 int net_listen(struct netapi *n, void *handle, void **lc);
 /* Retries until connected/accepted or timeout_s passes; returns the ncclResult_t. */

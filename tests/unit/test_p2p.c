@@ -89,10 +89,10 @@ static void test_roundtrip(void **state) {
         void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL, *sreq = NULL;
         size_t sizes[1] = {len + 64};
         int tags[1] = {round};
-        assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, &rreq), 0);
+        assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
         assert_non_null(rreq);
         for (int i = 0; i < POLL_LIMIT && !sreq; i++)
-            assert_int_equal(erdma_isend(p.sc, src, len, round, smh, &sreq), 0);
+            assert_int_equal(erdma_isend(p.sc, src, len, round, smh, NULL, &sreq), 0);
         assert_non_null(sreq);
         int got[1] = {-1};
         assert_int_equal(wait_req(sreq, NULL), 1);
@@ -131,7 +131,7 @@ static void multi_post_recv(struct pair *p, struct multi *m, int n) {
         sizes[i] = 4096;
         tags[i] = 100 + i;
     }
-    assert_int_equal(erdma_irecv(p->rc, n, data, sizes, tags, mhs, &m->rreq), 0);
+    assert_int_equal(erdma_irecv(p->rc, n, data, sizes, tags, mhs, NULL, &m->rreq), 0);
     assert_non_null(m->rreq);
 }
 
@@ -158,17 +158,17 @@ static void test_peer_lowers_nreqs(void **state) {
     multi_post_recv(&p, &m, 3);
     void *s0 = NULL, *s1 = NULL;
     for (int i = 0; i < POLL_LIMIT && !s0; i++)
-        assert_int_equal(erdma_isend(p.sc, m.src[0], 4096, 100, m.smh[0], &s0), 0);
+        assert_int_equal(erdma_isend(p.sc, m.src[0], 4096, 100, m.smh[0], NULL, &s0), 0);
     assert_non_null(s0);
     assert_int_equal(slot0(&p)->nreqs, 3);
     slot0(&p)->nreqs = 2; /* the peer rewrites its clear-to-send */
     unit_log_count = 0;
-    int rc = erdma_isend(p.sc, m.src[1], 4096, 101, m.smh[1], &s1);
+    int rc = erdma_isend(p.sc, m.src[1], 4096, 101, m.smh[1], NULL, &s1);
     int r0 = wait_req(s0, NULL);
     /* the connection fails with a clear error, and no request completes half-matched */
     assert_true(rc == -EPROTO || r0 == -EPROTO);
     assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", "clear-to-send");
-    assert_int_equal(erdma_isend(p.sc, m.src[2], 4096, 102, m.smh[2], &s1), -EPROTO);
+    assert_int_equal(erdma_isend(p.sc, m.src[2], 4096, 102, m.smh[2], NULL, &s1), -EPROTO);
     multi_free(&p, &m, 3);
     close_pair(&p);
 }
@@ -182,15 +182,15 @@ static void test_peer_raises_nreqs(void **state) {
     multi_post_recv(&p, &m, 2);
     void *s[3] = {NULL, NULL, NULL};
     for (int i = 0; i < POLL_LIMIT && !s[0]; i++)
-        assert_int_equal(erdma_isend(p.sc, m.src[0], 4096, 100, m.smh[0], &s[0]), 0);
+        assert_int_equal(erdma_isend(p.sc, m.src[0], 4096, 100, m.smh[0], NULL, &s[0]), 0);
     assert_non_null(s[0]);
     p.sc->fifo[cts_index(0, 2)] = p.sc->fifo[cts_index(0, 1)];
     p.sc->fifo[cts_index(0, 2)].tag = 102;
     for (int b = 0; b < 3; b++)
         p.sc->fifo[cts_index(0, b)].nreqs = 3;
     unit_log_count = 0;
-    int rc = erdma_isend(p.sc, m.src[1], 4096, 101, m.smh[1], &s[1]);
-    if (!rc) rc = erdma_isend(p.sc, m.src[1], 4096, 102, m.smh[1], &s[2]);
+    int rc = erdma_isend(p.sc, m.src[1], 4096, 101, m.smh[1], NULL, &s[1]);
+    if (!rc) rc = erdma_isend(p.sc, m.src[1], 4096, 102, m.smh[1], NULL, &s[2]);
     for (int i = 0; i < 3 && !rc; i++)
         if (s[i]) rc = wait_req(s[i], NULL) == 1 ? 0 : -1;
     if (rc != -EPROTO) unit_log_print();
@@ -223,10 +223,10 @@ static void test_peer_max_msg_tiny(void **state) {
         void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL, *sreq = NULL;
         size_t sizes[1] = {4096};
         int tags[1] = {1};
-        assert_int_equal(erdma_irecv(r, 1, data, sizes, tags, mhs, &rreq), 0);
+        assert_int_equal(erdma_irecv(r, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
         int ret = 0;
         for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++)
-            ret = erdma_isend(s, src, 4096, 1, smh, &sreq);
+            ret = erdma_isend(s, src, 4096, 1, smh, NULL, &sreq);
         if (!ret && sreq) ret = wait_req(sreq, NULL);
         erdma_dereg_mr(s, smh);
         erdma_dereg_mr(r, rmh);
@@ -259,10 +259,10 @@ static void test_message_beyond_send_queue(void **state) {
     void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL, *sreq = NULL;
     size_t sizes[1] = {len};
     int tags[1] = {1};
-    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, &rreq), 0);
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
     int ret = 0;
     for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++)
-        ret = erdma_isend(p.sc, src, len, 1, smh, &sreq);
+        ret = erdma_isend(p.sc, src, len, 1, smh, NULL, &sreq);
     if (!ret && sreq) ret = wait_req(sreq, NULL);
     if (ret != -EMSGSIZE) unit_log_print();
     assert_int_equal(ret, -EMSGSIZE);
@@ -283,7 +283,7 @@ static void *post_one_recv(struct pair *p, char **buf, void **mh) {
     void *data[1] = {*buf}, *mhs[1] = {*mh}, *req = NULL;
     size_t sizes[1] = {4096};
     int tags[1] = {1};
-    assert_int_equal(erdma_irecv(p->rc, 1, data, sizes, tags, mhs, &req), 0);
+    assert_int_equal(erdma_irecv(p->rc, 1, data, sizes, tags, mhs, NULL, &req), 0);
     assert_non_null(req);
     return req;
 }
@@ -397,7 +397,7 @@ static void test_peer_fifo_fields(void **state) {
         }
         /* a receive smaller than our send is not bad input: net_ib truncates (itest_conform) */
         unit_log_count = 0;
-        int rc = erdma_isend(p.sc, sbuf, 4096, 1, smh, &sreq);
+        int rc = erdma_isend(p.sc, sbuf, 4096, 1, smh, NULL, &sreq);
         if (!rc && sreq) rc = wait_req(sreq, NULL);
         if (rc != cases[k].err) unit_log_print();
         assert_int_equal(rc, cases[k].err);
