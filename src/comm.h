@@ -105,8 +105,8 @@ struct send_comm {
     struct send_slot slots[ERDMA_FIFO_DEPTH];
     struct erdma_request reqs[ERDMA_SEND_REQS];
     int cm_retries;        /* rdma_cm connects retried (EADDRINUSE) */
-    int warmup_repeats;    /* rdma_cm mode: warm-ups said again while no clear-to-send came */
-    uint64_t warmup_at_ns; /* when the last one was posted; 0 once a clear-to-send came */
+    int warmup_repeats;    /* rdma_cm mode: warm-ups said again while connect waits for */
+    uint64_t warmup_at_ns; /* the receiver to confirm them; when the last one was posted */
     struct rdma_cm_id *cm_retired[ERDMA_MAX_QPS]; /* ids to destroy once their event is acked */
     /* profiler events of each slot's buffers on each QP, NULL when none is open (outside the
      * slots: isend clears a slot on the hot path, these stay cleared by their stops) */
@@ -134,7 +134,7 @@ struct recv_comm {
     /* RC keeps each QP's completions in posting order, so the sequence a completion belongs
      * to follows from its QP: round-robin gives QP q every nqps-th slot, split gives it all */
     uint32_t next_seq[ERDMA_MAX_QPS];
-    int warmed; /* warm-up SENDs seen (rdma_cm mode) */
+    unsigned warmed; /* rdma_cm mode: bit q set once QP q's warm-up SEND came */
     struct recv_slot slots[ERDMA_FIFO_DEPTH];
     struct qp_ctx flush_qp;
     bool flush_ready;
@@ -171,9 +171,11 @@ int p2p_recv_post_initial(struct recv_comm *rc);
 int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot);
 /* rdma_cm mode: iWARP lets the passive side send only after the active side has (MPA's
  * ready-to-receive); the sender opens every QP with a zero-length SEND, and the receiver
- * posts no clear-to-send before it has seen them all. */
+ * does not complete accept (so posts no clear-to-send) before it has seen them all. The sender's
+ * connect says them again, from time to time, until the receiver confirms (MSG_WARMED). */
 int p2p_send_warmup(struct send_comm *sc);
-int p2p_recv_warmup_done(struct recv_comm *rc); /* 1 done, 0 not yet, -errno */
+int p2p_send_warmup_again(struct send_comm *sc); /* when due; 0 or -errno */
+int p2p_recv_warmup_done(struct recv_comm *rc);  /* 1 done, 0 not yet, -errno */
 /* Stops the profiler events still open on a comm being destroyed. */
 void p2p_prof_close(struct conn *c);
 void conn_destroy_common(struct conn *c);

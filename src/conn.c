@@ -153,8 +153,19 @@ enum connect_stage {
     CS_SEND_HELLO,
     CS_RECV_REPLY,
     CS_CM,
-    CS_SEND_READY
+    CS_SEND_READY,
+    CS_WAIT_WARMED
 };
+
+/* For the timeout's WARN: where a connect stopped, in words. */
+static const char *const connect_stage_name[] = {
+    [CS_TCP_START] = "starting the TCP connection",
+    [CS_TCP_WAIT] = "waiting for the TCP connection",
+    [CS_SEND_HELLO] = "sending the hello",
+    [CS_RECV_REPLY] = "waiting for the reply (the peer has not called accept for us yet)",
+    [CS_CM] = "connecting the QPs through rdma_cm",
+    [CS_SEND_READY] = "sending the ready message",
+    [CS_WAIT_WARMED] = "waiting for the receiver to confirm the warm-up SENDs"};
 
 struct connect_state {
     struct connect_state *next;
@@ -361,7 +372,30 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
         /* fall through */
     case CS_SEND_READY:
         rc = oob_send_progress(sc->c.fd, &st->msg, sizeof(st->msg), &st->io_done);
-        return rc;
+        if (rc <= 0 || dev->connect_mode != CONNECT_RDMACM) return rc;
+        st->stage = CS_WAIT_WARMED;
+        st->io_done = 0;
+        memset(&st->msg, 0, sizeof(st->msg));
+        /* fall through */
+    case CS_WAIT_WARMED: {
+        /* Done only once the receiver has every warm-up (p2p.c says why one can stall): a
+         * sender that goes on connecting other comms, or does nothing, still gets its
+         * receiver's accept through, as NCCL's setup loops need. */
+        char why[160];
+        rc = oob_recv_progress(sc->c.fd, &st->msg, sizeof(st->msg), &st->io_done);
+        if (rc == 0) return p2p_send_warmup_again(sc);
+        if (rc < 0) return rc;
+        rc = wire_msg_check(&st->msg, MSG_WARMED, why, sizeof(why));
+        if (!rc && st->msg.nonce != st->peer.nonce) {
+            snprintf(why, sizeof(why), "it is for another connection (nonce differs)");
+            rc = -EPROTO;
+        }
+        if (rc) {
+            WARN("%s: bad warm-up confirmation from %s: %s", dev->name, sc->c.peer, why);
+            return rc;
+        }
+        return 1;
+    }
     }
     return -ENOTRECOVERABLE;
 }
@@ -413,9 +447,9 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
     rc = connect_step(st, dev);
     if (rc == 0 && now_ns() > st->deadline) {
         WARN("%s: could not connect to %s within NCCL_ERDMA_CONNECT_TIMEOUT=%lds (%d TCP "
-             "attempt(s), stage %d). Is the peer alive and reachable on this interface?",
+             "attempt(s), stopped %s). Is the peer alive and reachable on this interface?",
              dev->name, st->sc->c.peer, param_int(P_ERDMA_CONNECT_TIMEOUT), st->attempts,
-             st->stage);
+             connect_stage_name[st->stage]);
         rc = -ETIMEDOUT;
     }
     if (rc < 0) {
@@ -460,8 +494,19 @@ enum accept_stage {
     AS_CM,
     AS_CM_FLUSH,
     AS_RECV_READY,
-    AS_WARMUP
+    AS_WARMUP,
+    AS_SEND_WARMED
 };
+
+static const char *const accept_stage_name[] = {
+    [AS_TCP_ACCEPT] = "accepting the TCP connection",
+    [AS_RECV_HELLO] = "setting up the QPs",
+    [AS_SEND_REPLY] = "sending the reply",
+    [AS_CM] = "accepting the QPs through rdma_cm",
+    [AS_CM_FLUSH] = "connecting the flush loopback",
+    [AS_RECV_READY] = "waiting for the ready message",
+    [AS_WARMUP] = "waiting for the sender's warm-up SEND on every QP",
+    [AS_SEND_WARMED] = "confirming the warm-up"};
 
 struct accept_state {
     struct recv_comm *rc;
@@ -725,7 +770,16 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
         as->stage = AS_WARMUP;
         /* fall through */
     case AS_WARMUP:
-        return p2p_recv_warmup_done(as->rc);
+        rc = p2p_recv_warmup_done(as->rc);
+        if (rc <= 0) return rc;
+        memset(&as->msg, 0, sizeof(as->msg));
+        as->msg.nonce = lc->nonce;
+        wire_msg_seal(&as->msg, MSG_WARMED);
+        as->io_done = 0;
+        as->stage = AS_SEND_WARMED;
+        /* fall through */
+    case AS_SEND_WARMED:
+        return oob_send_progress(as->rc->c.fd, &as->msg, sizeof(as->msg), &as->io_done);
     }
     return -ENOTRECOVERABLE;
 }
@@ -750,8 +804,9 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
     int rc = accept_step(lc, as);
     if (rc == 0 && now_ns() > as->deadline) {
         WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds "
-             "(stage %d)",
-             lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT), as->stage);
+             "(stopped %s)",
+             lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT),
+             accept_stage_name[as->stage]);
         rc = -ETIMEDOUT;
     }
     if (rc < 0) {

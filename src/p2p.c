@@ -330,7 +330,7 @@ static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
         struct wire_record rec;
         uint32_t seq = rc->next_seq[q];
         if (wc->opcode == IBV_WC_RECV && wc->byte_len == 0) { /* the sender's warm-up */
-            rc->warmed++;
+            rc->warmed |= 1u << q; /* a repeat on one QP does not stand for another's */
             int ret = p2p_post_recv_wr(rc, q, (int)wr_idx(wc->wr_id));
             return ret ? conn_fail(&rc->c, ret) : 0;
         }
@@ -616,11 +616,13 @@ static int conn_progress(struct conn *c) {
 }
 
 /* On siw, a warm-up that reaches the passive side just as its QP comes up is now and then
- * not delivered until more data arrives (about one connection in 4,000 in the VM; most
- * likely a missed socket wake-up), and the receiver, which posts no clear-to-send before it
- * has seen the warm-up, would wait for ever. So until the first clear-to-send comes, the
- * warm-up is said again every WARMUP_REPEAT_NS, a few times: each one costs the receiver a
- * receive it posts again, and its queue has room for them. */
+ * not delivered until more data arrives on that QP (a missed socket wake-up; about one
+ * connection in 4,000 in the VM, one in a hundred when a listen comm accepts several at once),
+ * and the receiver, which posts no clear-to-send before it has seen the warm-up, would wait
+ * for ever. So the sender's connect waits for the receiver to say it has seen every warm-up
+ * (MSG_WARMED, conn.c), and meanwhile says the warm-up again at growing intervals, a few
+ * times: each one costs the receiver a receive it posts again, and its queue has room for
+ * them even when it is not polled. */
 #define WARMUP_REPEAT_NS 200000000ull
 #define WARMUP_REPEATS   8
 
@@ -643,28 +645,33 @@ static int post_warmups(struct send_comm *sc) {
     return 0;
 }
 
-static int send_warmup_repeat(struct send_comm *sc) {
-    if (!sc->warmup_at_ns || sc->warmup_repeats >= WARMUP_REPEATS) return 0;
-    if (now_coarse_ns() - sc->warmup_at_ns < WARMUP_REPEAT_NS) return 0;
+int p2p_send_warmup(struct send_comm *sc) {
+    sc->warmup_repeats = 0;
+    return post_warmups(sc);
+}
+
+int p2p_send_warmup_again(struct send_comm *sc) {
+    if (sc->warmup_repeats >= WARMUP_REPEATS) return 0;
+    /* 200 ms, then twice as long each time: a receiver that is slow to call accept is not
+     * flooded, and its receive queue (ERDMA_RQ_DEPTH) outlasts every repeat */
+    uint64_t wait = WARMUP_REPEAT_NS << sc->warmup_repeats;
+    if (now_coarse_ns() - sc->warmup_at_ns < wait) return 0;
+    /* their completions wait for the first isend: the send queue holds all of them */
     for (int q = 0; q < sc->c.nqps; q++)
         if (qp_sq_room(&sc->c.qps[q]) < 1) return 0;
     if (++sc->warmup_repeats == 1)
         INFO(NCCL_NET,
-             "%s: no clear-to-send from %s %d ms after the warm-up: saying it again, up to %d "
-             "times (a slow receiver, or siw sitting on a SEND that landed as its QP came up)",
+             "%s: %s has not confirmed the warm-up %d ms after it was sent: saying it again, up "
+             "to %d times (a receiver slow to call accept, or siw sitting on a SEND that landed "
+             "as its QP came up)",
              sc->c.base.dev->name, sc->c.peer, (int)(WARMUP_REPEAT_NS / 1000000), WARMUP_REPEATS);
-    return post_warmups(sc);
-}
-
-int p2p_send_warmup(struct send_comm *sc) {
-    sc->warmup_repeats = 0;
     return post_warmups(sc);
 }
 
 int p2p_recv_warmup_done(struct recv_comm *rc) {
     int ret = conn_progress(&rc->c);
     if (ret) return ret;
-    return rc->warmed >= rc->c.nqps;
+    return rc->warmed == (1u << rc->c.nqps) - 1;
 }
 
 /* ------------------------------------------------------------ API */
@@ -684,11 +691,8 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     if (sc->c.error) return sc->c.error;
     uint32_t idx = sc->fifo_seq % ERDMA_FIFO_DEPTH;
     uint32_t want = sc->fifo_seq + 1;
-    if (fifo_entry(sc, idx, 0)->seq != want) { /* receiver not ready: not an error */
-        int ret = send_warmup_repeat(sc);
-        return ret ? conn_fail(&sc->c, ret) : conn_progress(&sc->c);
-    }
-    sc->warmup_at_ns = 0; /* the receiver has heard us */
+    if (fifo_entry(sc, idx, 0)->seq != want) /* receiver not ready: not an error */
+        return conn_progress(&sc->c);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     int n = fifo_entry(sc, idx, 0)->nreqs;
     if (n < 1 || n > ERDMA_MAX_RECVS) {

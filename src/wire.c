@@ -85,7 +85,7 @@ int wire_msg_check(const struct wire_conn_msg *m, enum wire_msg_type type, char 
         snprintf(why, whylen, "message checksum mismatch");
         return -EPROTO;
     }
-    if (type == MSG_READY) return 0;
+    if (type == MSG_READY || type == MSG_WARMED) return 0;
     if (m->nqps < 1 || m->nqps > ERDMA_MAX_QPS) {
         snprintf(why, whylen, "peer asks for %u QPs (1..%d allowed)", m->nqps, ERDMA_MAX_QPS);
         return -EPROTO;

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC       0x65524d41u /* "eRMA" */
-#define WIRE_VERSION     2           /* 2: buffer-major clear-to-send FIFO */
+#define WIRE_VERSION     3           /* 2: buffer-major clear-to-send FIFO; 3: MSG_WARMED */
 #define ERDMA_MAX_QPS    16
 #define ERDMA_FIFO_DEPTH NCCL_NET_MAX_REQUESTS
 /* The smallest max_msg_sz a peer may announce. Every RDMA device allows far more (eRDMA,
@@ -36,7 +36,8 @@ struct wire_handle {
 };
 _Static_assert(sizeof(struct wire_handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large");
 
-enum wire_msg_type { MSG_HELLO = 1, MSG_REPLY = 2, MSG_READY = 3 };
+/* WARMED (receiver -> sender, rdma_cm mode): every warm-up SEND has arrived. */
+enum wire_msg_type { MSG_HELLO = 1, MSG_REPLY = 2, MSG_READY = 3, MSG_WARMED = 4 };
 
 /* HELLO (sender -> receiver) and REPLY (receiver -> sender). */
 struct wire_conn_msg {

@@ -639,12 +639,11 @@ static const struct scenario scenarios[] = {
     {"close_with_requests_in_flight", inflight_case,
      "deregMr/closeSend/closeRecv succeed with requests outstanding; the plugin works after", 1,
      false},
-    /* rxe0 only for now: on siw0 this case stalled in accept in 2 of 10 runs (a warm-up
-     * SEND that siw does not deliver is said again only from isend, and this sender is still
-     * connecting its next comms). Known and open (docs/failures.md); CI never retries, so the
-     * siw0 variant waits for that fix instead of turning CI red one run in five. */
+    /* On siw0 this case found a stall: accept waited for a warm-up SEND siw had not
+     * delivered, said again only from isend while this sender was still connecting its other
+     * comms. The sender's connect now waits for the receiver's confirmation (docs/failures.md). */
     {"one_listen_many_accepts", accepts_case,
-     "one listen comm accepts any number of connections, each kept apart", 1, true},
+     "one listen comm accepts any number of connections, each kept apart", 1, false},
     {"traffic_class_both_ends", tc_case,
      "the communicator's traffic class reaches both ends' QPs; NCCL_IB_FIFO_TC the receiver's", 1,
      true},

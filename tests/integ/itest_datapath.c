@@ -342,8 +342,9 @@ static int sendfirst_send(struct duo *d, void *arg) {
 }
 
 /* ------------------------------------------------------------ scenario: a late first receive
- * The receiver posts nothing for 2.5 s after accept. In rdma_cm mode the sender says its
- * warm-up again meanwhile (every 200 ms, 8 times): those extra SENDs must cost nothing. */
+ * The receiver posts nothing for 2.5 s after accept: the sender's first isends come back
+ * NULL, and no warm-up SEND (rdma_cm mode) said again while connect waited for its
+ * confirmation may cost the receiver anything. */
 #define LATE_MSGS 40
 
 static int late_recv(struct duo *d, void *arg) {

@@ -155,6 +155,10 @@ static void test_msg_roundtrip(void **state) {
     memset(&m, 0, sizeof(m));
     wire_msg_seal(&m, MSG_READY);
     assert_int_equal(check_msg(&m, MSG_READY), 0);
+    /* nor does WARMED, and one is never taken for the other */
+    wire_msg_seal(&m, MSG_WARMED);
+    assert_int_equal(check_msg(&m, MSG_WARMED), 0);
+    assert_int_equal(check_msg(&m, MSG_READY), -EPROTO);
     /* rdma_cm peers need no MTU code */
     good_msg(&m, MSG_HELLO);
     m.connect_mode = CONNECT_RDMACM;
