@@ -215,6 +215,12 @@ ratio() { # plugin perftest -> "0.97" or "-"
 
 table() {
   local dev=$1 s b
+  [ "$BW_ROUNDS" -gt 0 ] && bw_table "$dev"
+  lat_table "$dev"
+}
+
+bw_table() {
+  local dev=$1 s b
   echo
   echo "### $dev: bandwidth, MB/s (decimal, 'BW average'), window $WINDOW, $BW_BYTES per size, median of $BW_ROUNDS alternating rounds"
   echo
@@ -229,11 +235,15 @@ table() {
     bx=$(median ${BWX[$b]:-})
     echo "| $(human "$b") | ${bp:-FAILED} | ${bx:-FAILED} | $(ratio "$bx" "$bp") | $(ratio_range "${BWX[$b]:-}" "${BWP[$b]:-}") |"
   done
+}
+
+lat_table() {
+  local dev=$1 s b
   echo
   echo "### $dev: latency, one-way us (t_avg = round trip / 2), $LAT_ITERS iterations, $LAT_DEPTH receives posted, median of $LAT_ROUNDS alternating rounds"
   echo
-  echo "| size | ib_write_lat | floor (raw verbs) | plugin (v$API) | plugin / perftest | per-round ratios | floor / perftest | plugin / floor |"
-  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  echo "| size | ib_write_lat | floor (raw verbs) | plugin (v$API) | plugin / perftest | per-round ratios | floor / perftest | plugin / floor | per-round plugin / floor |"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
   local lp lx lf
   for s in $LAT_SIZES; do
     b=$(bytes "$s")
@@ -243,7 +253,7 @@ table() {
     lx=$(median ${LATXS[$b]:-})
     # shellcheck disable=SC2086
     lf=$(median ${LATFS[$b]:-})
-    echo "| $(human "$b") | ${lp:-FAILED} | ${lf:--} | ${lx:-FAILED} | $(ratio "$lx" "$lp") | $(ratio_range "${LATXS[$b]:-}" "${LATPS[$b]:-}") | $(ratio "$lf" "$lp") | $(ratio "$lx" "$lf") |"
+    echo "| $(human "$b") | ${lp:-FAILED} | ${lf:--} | ${lx:-FAILED} | $(ratio "$lx" "$lp") | $(ratio_range "${LATXS[$b]:-}" "${LATPS[$b]:-}") | $(ratio "$lf" "$lp") | $(ratio "$lx" "$lf") | $(ratio_range "${LATXS[$b]:-}" "${LATFS[$b]:-}") |"
   done
   if has_floor "$dev" && [ "$FLOOR_MODE" = netib ]; then
     echo
