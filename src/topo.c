@@ -106,10 +106,6 @@ static int cmp_busid(const void *a, const void *b) {
     return strcmp(((const struct topo_dev *)a)->busid, ((const struct topo_dev *)b)->busid);
 }
 
-static int cmp_name(const void *a, const void *b) {
-    return strverscmp(((const struct topo_dev *)a)->name, ((const struct topo_dev *)b)->name);
-}
-
 static int scan_gpus(struct topo_node *node) {
     DIR *dir = open_sysfs_dir("/sys/bus/pci/devices");
     if (!dir) return errno == ENOENT ? 0 : -errno;
@@ -179,7 +175,8 @@ static int scan_nics(struct topo_node *node) {
         node->nnics++;
     }
     closedir(dir);
-    qsort(node->nics, (size_t)node->nnics, sizeof(node->nics[0]), cmp_name);
+    /* The plugin's order (NCCL_IB_DEVICE_PCI_ORDER=1, device.c): by bus ID. */
+    qsort(node->nics, (size_t)node->nnics, sizeof(node->nics[0]), cmp_busid);
     return rc;
 }
 
@@ -364,7 +361,7 @@ int topo_generate(const struct topo_node *node, const char *name, struct xml_nod
         if (!nic) nic = xml_add(pci, "nic");
         x = nic ? xml_add(nic, "net") : NULL;
         rc = x ? xml_set(x, "name", "%s", node->nics[i].name) : -ENOMEM;
-        /* dev is the plugin's device index: devices are listed in name order. */
+        /* dev is the plugin's device index: devices are listed in bus ID order. */
         if (!rc) rc = xml_set(x, "dev", "%d", i);
     }
     if (rc) {

@@ -33,7 +33,7 @@ struct topo_dev {
 struct topo_node {
     int ngpus; /* NVIDIA (0x10de) functions of class 0x03xxxx, sorted by bus ID (NVML's order) */
     struct topo_dev gpus[TOPO_MAX_GPUS];
-    int nnics; /* eRDMA RDMA devices, in name order (the plugin's order) */
+    int nnics; /* eRDMA RDMA devices, by bus ID (the plugin's order, NCCL_IB_DEVICE_PCI_ORDER=1) */
     struct topo_dev nics[TOPO_MAX_NICS];
     int nother;      /* RDMA devices of other drivers */
     char other[256]; /* their names, for messages */
