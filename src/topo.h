@@ -74,12 +74,39 @@ bool topo_is_busid(const char *s);
 /* One line per GPU: the NIC NCCL would pair it with, and the PCIe path between them. */
 int topo_show(FILE *out, const struct topo_node *node);
 
-/*
- * At init: when NCCL_TOPO_FILE and NCCL_GRAPH_FILE are unset and the node is
- * recognised, points them at the installed files, after checking they fit.
- * Returns 1 when it set them, 0 when it left NCCL alone (the reason is
- * logged); never fails init.
+/* What the plugin's devices look like to the graph selection: device.c's table at init, a
+ * test's or the tool's stand-in otherwise. */
+struct topo_plugin_view {
+    int nnics;
+    const char *names[TOPO_MAX_NICS]; /* in the plugin's order: a graph's <net dev> */
+    bool gdr;                         /* every NIC reports NCCL_PTR_CUDA (peer memory, dma-buf) */
+    int net_version; /* the ncclNet version NCCL loaded; 8 means NCCL <= 2.21, 0 unknown */
+};
+
+/* Where the shipped files are: NCCL_ERDMA_TOPO_DIR, else the installed share/nccl-net-erdma/topo.
  */
-int topo_autoselect(void);
+const char *topo_dir(void);
+/* The CPU kind (/proc/cpuinfo under the sysfs root) a graph is shipped for, as NCCL's model
+ * tells them apart: "intel-spr", "intel-erp"; NULL with the reason in why for any other. */
+const char *topo_cpu_kind(char *why, size_t wlen);
+
+/*
+ * The shipped graph (topo/graph-<cpu>.xml, NCCL's own ring and tree of the family layout) for
+ * this node, when everything it assumes holds: a family node (8 GPUs, 2 eRDMA NICs, GPUs 0-3
+ * PIX-near the first NIC and 4-7 the second), a CPU kind it is made for, GPU Direct RDMA, both
+ * NICs in the plugin's use, in bus ID order, NCCL 2.22 or newer (ncclNet v9+: 2.21 models these
+ * CPUs' socket link as Skylake's). 0 with its path, or -ENOENT with the first
+ * assumption that fails in why.
+ */
+int topo_graph_select(const struct topo_node *node, const struct topo_plugin_view *plugin,
+                      const char *dir, char *path, size_t plen, char *why, size_t wlen);
+
+/*
+ * At init, when NCCL_TOPO_FILE and NCCL_GRAPH_FILE are unset and the node is
+ * recognised: NCCL_ERDMA_TOPO=auto logs what topo_graph_select finds and sets nothing;
+ * =graph sets NCCL_GRAPH_FILE to the graph it selects. Returns 1 when it set
+ * it, 0 when it left NCCL alone (the reason is logged); never fails init.
+ */
+int topo_autoselect(const struct topo_plugin_view *plugin);
 
 #endif

@@ -458,8 +458,9 @@ static void check_graph(const struct xml_node *g, const struct xml_node **tgpus,
         topo_err_add(e, "line %d: the ring graph (id 0) needs pattern 4", g->line);
     if (id == 1 && (pattern < 1 || pattern > 3))
         topo_err_add(e, "line %d: the tree graph (id 1) needs pattern 1, 2 or 3", g->line);
-    if (!parse_int(xml_get(g, "crossnic"), &crossnic) || crossnic < 0 || crossnic > 1)
-        topo_err_add(e, "line %d: crossnic must be 0 or 1", g->line);
+    /* 2 is NCCL_CROSS_NIC's default, which NCCL's own graph dump writes. */
+    if (!parse_int(xml_get(g, "crossnic"), &crossnic) || crossnic < 0 || crossnic > 2)
+        topo_err_add(e, "line %d: crossnic must be 0, 1 or 2", g->line);
     if (xml_get(g, "samechannels") &&
         (!parse_int(xml_get(g, "samechannels"), &same) || same < 0 || same > 1))
         topo_err_add(e, "line %d: samechannels must be 0 or 1", g->line);
