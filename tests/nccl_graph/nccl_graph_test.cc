@@ -4,10 +4,15 @@
  * communicator init, on fake sysfs trees of the ebmgn9g family and of nodes
  * that differ from it: eight threads act as the node's eight ranks, each runs
  * ncclTopoGetSystem (which fuses the ranks' trees on 2.22+), computes and
- * trims paths, and searches the ring and tree graphs, with and without
- * NCCL_GRAPH_FILE. Prints what NCCL computes; fails when NCCL fails where it
- * must not, or when the result is not what the plugin's topology support
- * relies on (GPUs next to their NIC, every channel's NIC PIX-near its GPUs).
+ * trims paths, and searches the ring and tree graphs. On rank 0's system it
+ * then loads graph files as NCCL_GRAPH_FILE: the old shipped graph, and the
+ * graph the plugin's selection (nccl-erdma-topo select) picks for the tree,
+ * which must equal NCCL's own search on node 0 and node 1 of the job; and it
+ * reruns the ranks with nccl-erdma-topo generate's output as NCCL_TOPO_FILE.
+ * Prints what NCCL computes; fails when NCCL fails where it must not, or when
+ * the result is not what the plugin's topology support relies on (GPUs next
+ * to their NIC, every channel's NIC PIX-near its GPUs, no graph selected
+ * where an assumption of it fails).
  */
 #include "ng_world.h"
 
@@ -72,6 +77,7 @@ static struct {
 } W;
 
 static thread_local int t_rank = -1;
+static int tree_serial; /* counts trees, see rank_main */
 
 const char *ng_sysfs_root(void) {
     return W.root.c_str();
@@ -229,6 +235,7 @@ static void build_tree(const ng_case &c) {
         exit(2);
     }
     W.root = buf.data();
+    tree_serial++;
     char real[PATH_MAX];
     if (realpath(W.root.c_str(), real)) W.root = real;
     mkdirs(W.root + "/sys/bus/pci/devices");
@@ -336,7 +343,6 @@ struct ng_rank_out {
 };
 
 static ng_rank_out outs[8];
-static int tree_serial; /* counts trees and runs, see rank_main */
 static ng_case cur;
 /* Rank 0's system and graphs, kept for the graph files and dumps: NCCL loads NCCL_GRAPH_FILE in
  * ncclTopoCompute, on the system every rank has built (the ranks agree, see ranks_agree). */
@@ -410,8 +416,9 @@ static void *rank_main(void *arg) {
     ng_rank_out *o = &outs[rank];
     int nranks = 8 * cur.nodes;
     static ncclNet_t net;
-    /* NCCL before 2.30 caches a plugin's device count per process, by plugin name: each tree
-     * is a new "process", so each gets a name of its own. */
+    /* NCCL before 2.30 caches a plugin's device count per process, by plugin name, in at most
+     * NCCL_NET_MAX_PLUGINS (16) slots: each tree is a new "process" with a name of its own;
+     * the runs on one tree share it (same NICs). */
     static char name[32];
     snprintf(name, sizeof(name), "erdma-%d", tree_serial);
     net.name = name;
@@ -503,7 +510,6 @@ static int run_ranks(void) {
     W.warns.clear();
     if (rank0_sys) ncclTopoFree(rank0_sys);
     rank0_sys = NULL;
-    tree_serial++;
     pthread_barrier_init(&W.barrier, NULL, 8);
     W.gather.assign(8 * xmlMemSize(NCCL_TOPO_XML_MAX_NODES), 0);
     pthread_t t[8];
@@ -697,6 +703,40 @@ static void dump_graphs(const ng_case &c) {
     printf("  NCCL's graphs written to %s\n", file.c_str());
 }
 
+/* nccl-erdma-topo generate on this tree, then NCCL_TOPO_FILE=that file: NCCL must build the
+ * same system (CPUs and their attributes, PCI switches, GPUs, NETs, each GPU's nearest NIC and
+ * path) and the same ring and tree as from sysfs alone, on every rank. */
+static void check_generated(void) {
+    ng_rank_out base = outs[0];
+    std::string file = W.root + "/generated-topo.xml";
+    std::string cmd = std::string(opt.tool) + " --sysfs-root '" + W.root +
+                      "' generate --name ebmgn9g -o '" + file + "' 2>&1";
+    if (system(cmd.c_str()) != 0) {
+        fail("%s failed", cmd.c_str());
+        return;
+    }
+    setenv("NCCL_TOPO_FILE", file.c_str(), 1);
+    int failed = run_ranks();
+    unsetenv("NCCL_TOPO_FILE");
+    const ng_rank_out &o = outs[0];
+    if (failed) {
+        fail("NCCL_TOPO_FILE=<generated>: %d rank(s) failed in %s: %s", failed, o.step,
+             W.warns.empty() ? "(no WARN)" : W.warns[0].c_str());
+        return;
+    }
+    if (o.cpus != base.cpus || o.npci != base.npci || o.ngpu != base.ngpu || o.nnet != base.nnet ||
+        o.gpu_paths != base.gpu_paths || !ranks_agree() || !same_graph(o.ring, base.ring) ||
+        !same_graph(o.tree, base.tree)) {
+        printf("  with the generated file: %d CPU (%s), %d PCI, %d GPU, %d NET\n  paths: %s\n",
+               o.ncpu, o.cpus.c_str(), o.npci, o.ngpu, o.nnet, o.gpu_paths.c_str());
+        print_graph("ring", o.ring);
+        print_graph("tree", o.tree);
+        fail("NCCL_TOPO_FILE=<generated> gives NCCL another system or other graphs");
+        return;
+    }
+    printf("  generated topology file: NCCL builds the same system and graphs\n");
+}
+
 static void run_case(const ng_case &c, const ng_expect &e, bool negative = false) {
     cur = c;
     build_tree(c);
@@ -756,6 +796,7 @@ static void run_case(const ng_case &c, const ng_expect &e, bool negative = false
     if (opt.old_graph && (negative || !strcmp(c.name, "intel-spr, 2 nodes")))
         check_old_graph(c, negative);
     if (opt.dump_dir && !negative && c.nodes > 1 && c.hb[0] == 0x16) dump_graphs(c);
+    if (opt.tool && !negative) check_generated();
     if (opt.tool) check_selection(c, negative);
     remove_tree();
 }
