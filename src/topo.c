@@ -582,7 +582,9 @@ int topo_autoselect(const struct topo_plugin_view *view) {
         return 0;
     }
     setenv("NCCL_GRAPH_FILE", path, 0);
-    INFO(NCCL_INIT | NCCL_ENV, "topology: %s node (%s); NCCL_ERDMA_TOPO=graph: NCCL_GRAPH_FILE=%s",
+    INFO(NCCL_INIT | NCCL_ENV,
+         "topology: %s node (%s); NCCL_ERDMA_TOPO=graph: NCCL_GRAPH_FILE=%s (for communicators "
+         "of all 8 GPUs of each node: NCCL rejects it in one over fewer)",
          what, how, path);
     return 1;
 }

@@ -90,6 +90,8 @@ int ng_thread_rank(void) {
 }
 /* The node whose 8 ranks the threads act as: 0 (ranks 0-7) or, in a job of 2, 1 (ranks 8-15). */
 static int run_node;
+/* The node's ranks in the communicator: 8, or 4 for a communicator of GPUs 0-3 of each node. */
+static int local_ranks = 8;
 static const uint64_t node_hash = 0x6e6f64654131ull;
 uint64_t ng_host_hash(void) {
     return node_hash + run_node;
@@ -414,7 +416,7 @@ static void *rank_main(void *arg) {
     int rank = (int)(intptr_t)arg;
     t_rank = rank;
     ng_rank_out *o = &outs[rank];
-    int nranks = 8 * cur.nodes;
+    int nranks = local_ranks * cur.nodes;
     static ncclNet_t net;
     /* NCCL before 2.30 caches a plugin's device count per process, by plugin name, in at most
      * NCCL_NET_MAX_PLUGINS (16) slots: each tree is a new "process" with a name of its own;
@@ -429,7 +431,7 @@ static void *rank_main(void *arg) {
 #endif
 
     ncclComm *comm = (ncclComm *)calloc(1, sizeof(ncclComm));
-    comm->rank = rank + 8 * run_node;
+    comm->rank = rank + local_ranks * run_node;
     comm->nRanks = nranks;
     comm->peerInfo = (ncclPeerInfo *)calloc(nranks, sizeof(ncclPeerInfo));
     comm->sharedRes = (ncclSharedResources *)calloc(1, sizeof(ncclSharedResources));
@@ -440,11 +442,11 @@ static void *rank_main(void *arg) {
     for (int r = 0; r < nranks; r++) {
         ncclPeerInfo *p = &comm->peerInfo[r];
         p->rank = r;
-        p->cudaDev = p->nvmlDev = r % 8;
+        p->cudaDev = p->nvmlDev = r % local_ranks;
         p->gdrSupport = 1; /* the GPU side; whether the NIC can is the plugin's answer */
-        p->hostHash = node_hash + r / 8;
+        p->hostHash = node_hash + r / local_ranks;
         p->pidHash = 1000 + r;
-        busIdToInt64(W.gpus[r % 8].busid.c_str(), &p->busId);
+        busIdToInt64(W.gpus[r % local_ranks].busid.c_str(), &p->busId);
         p->cudaCompCap = 90;
 #if NCCL_VERSION_CODE >= 23000
         p->mloPart = -1;
@@ -510,18 +512,18 @@ static int run_ranks(void) {
     W.warns.clear();
     if (rank0_sys) ncclTopoFree(rank0_sys);
     rank0_sys = NULL;
-    pthread_barrier_init(&W.barrier, NULL, 8);
-    W.gather.assign(8 * xmlMemSize(NCCL_TOPO_XML_MAX_NODES), 0);
+    pthread_barrier_init(&W.barrier, NULL, local_ranks);
+    W.gather.assign(local_ranks * xmlMemSize(NCCL_TOPO_XML_MAX_NODES), 0);
     pthread_t t[8];
-    for (int r = 0; r < 8; r++) {
+    for (int r = 0; r < local_ranks; r++) {
         outs[r] = ng_rank_out();
         pthread_create(&t[r], NULL, rank_main, (void *)(intptr_t)r);
     }
-    for (int r = 0; r < 8; r++)
+    for (int r = 0; r < local_ranks; r++)
         pthread_join(t[r], NULL);
     pthread_barrier_destroy(&W.barrier);
     int failed = 0;
-    for (int r = 0; r < 8; r++)
+    for (int r = 0; r < local_ranks; r++)
         failed += outs[r].rc != ncclSuccess;
     return failed;
 }
@@ -550,7 +552,7 @@ static void print_graph(const char *what, const ng_graph_out &g) {
 
 /* Every rank must have computed the same system and graphs. */
 static bool ranks_agree(void) {
-    for (int r = 1; r < 8; r++)
+    for (int r = 1; r < local_ranks; r++)
         if (outs[r].cpus != outs[0].cpus || outs[r].gpu_paths != outs[0].gpu_paths ||
             !same_graph(outs[r].ring, outs[0].ring) || !same_graph(outs[r].tree, outs[0].tree))
             return false;
@@ -801,6 +803,41 @@ static void run_case(const ng_case &c, const ng_expect &e, bool negative = false
     remove_tree();
 }
 
+/* NCCL_GRAPH_FILE applies to every communicator of the process: one over GPUs 0-3 of each node
+ * (a tensor-parallel group) gets the graph of all 8, whose channels name GPUs it does not have.
+ * NCCL must reject it there; topo/README.md gives this as why the graphs are opt-in. */
+static void check_subcomm_graph(void) {
+    ng_case c = {"intel-spr, 2 nodes, a communicator of GPUs 0-3 of each node",
+                 CPU_INTEL_SPR,
+                 {0x16, 0x96},
+                 true,
+                 false,
+                 2,
+                 2};
+    cur = c;
+    build_tree(c);
+    local_ranks = 4;
+    printf("case %s\n", c.name);
+    int failed = run_ranks();
+    if (failed) {
+        fail("%d rank(s) failed in %s: %s", failed, outs[0].step,
+             W.warns.empty() ? "(no WARN)" : W.warns[0].c_str());
+    } else {
+        const ng_rank_out &o = outs[0];
+        printf("  system: %d GPU, %d NET\n", o.ngpu, o.nnet);
+        print_graph("ring", o.ring);
+        print_graph("tree", o.tree);
+        std::string file = std::string(opt.topo_dir) + "/graph-intel-spr.xml";
+        ng_graph_out f[2];
+        std::string err = load_graph(file.c_str(), f);
+        printf("  graph-intel-spr.xml: %s\n", err.empty() ? "loaded" : err.c_str());
+        if (o.ngpu != 4) fail("expected 4 GPUs in the communicator's system");
+        if (err.empty()) fail("NCCL loaded an 8-GPU graph into a 4-GPU communicator");
+    }
+    local_ranks = 8;
+    remove_tree();
+}
+
 /* NCCL_TOPO_FILE=FILE on the Intel family tree: 0 and NCCL's WARN when NCCL's init fails. */
 static int topo_file_fails(const char *file) {
     ng_case c = {
@@ -900,6 +937,7 @@ int main(int argc, char **argv) {
     const int want_selected = NCCL_VERSION_CODE >= 22200 ? 4 : 0;
     if (opt.tool && selected != want_selected)
         fail("graphs selected on %d trees, expected %d", selected, want_selected);
+    if (opt.tool) check_subcomm_graph();
     if (old_topo && topo_file_fails(old_topo)) fail("NCCL accepted %s", old_topo);
     if (rank0_sys) ncclTopoFree(rank0_sys);
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
