@@ -64,9 +64,6 @@ int topo_check_node(const struct xml_node *root, const struct topo_node *node,
 /* A graph XML (NCCL_GRAPH_FILE) valid for NCCL and consistent with the topology. */
 int topo_validate_graph(const struct xml_node *graphs, const struct xml_node *topo,
                         struct topo_err *err);
-/* The plugin's device order is the one the topology's <net dev=...> index NICs by (a no-op
- * outside init, when the plugin has no devices). 0 or -EINVAL. */
-int topo_check_plugin_devices(const struct xml_node *topo, struct topo_err *err);
 /* Adds one problem (a line) to err; NULL err counts nothing. */
 void topo_err_add(struct topo_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "0000:17:00.0": a PCI function's bus ID, as sysfs names its directory. */
