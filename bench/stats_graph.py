@@ -63,8 +63,8 @@ def svg(lines, title, out):
         yy = H - B - (H - T - B) * i / 5
         o.append(f'<text x="{L-6}" y="{yy+4}" text-anchor="end">{v:.0f}</text>')
         o.append(f'<line x1="{L}" y1="{yy}" x2="{W-R}" y2="{yy}" stroke="#ddd"/>')
-    for i in range(6):
-        t = tmax * i / 5
+    step = max(1, round(tmax / 5))
+    for t in range(0, int(tmax) + 1, step):
         o.append(f'<text x="{x(t)}" y="{H-B+16}" text-anchor="middle">{t:.0f}</text>')
     for n, (label, pts) in enumerate(lines):
         c = colors[n % len(colors)]
