@@ -77,6 +77,10 @@ struct conn {
     uint64_t polls_since_check;
     uint64_t last_check_ns;
     uint64_t peer_bye_ns; /* when the peer's goodbye was first seen; 0 before */
+    /* A receive ring flush (the peer's QPs are gone) when nothing needed the peer: it fails
+     * only what still needs the peer, not the receiver's local flushes */
+    bool peer_gone;
+    struct ibv_wc peer_gone_wc;
     /* the device's port_downs when this connection was made */
     unsigned port_downs;
     struct rdma_event_channel *cm_ch;

@@ -1,7 +1,7 @@
 /*
- * Owns the device table: enumeration through the verbs boundary, NCCL_IB_HCA
- * filtering, transport/GID/netdev/speed/pointer-support detection, and the
- * INFO line that tells users which NICs are in use. Does not own memory
+ * Owns the device table: enumeration through the verbs boundary, its order
+ * (by PCI bus ID, as net_ib), NCCL_IB_HCA filtering, transport/GID/netdev/speed/pointer-support
+ * detection, and the INFO line that tells users which NICs are in use. Does not own memory
  * registrations (mr_cache.c) or connections.
  */
 #define _GNU_SOURCE
@@ -16,8 +16,10 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
+#include <limits.h>
 #include <net/if.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static struct erdma_device devices[ERDMA_MAX_DEVICES];
@@ -381,6 +383,52 @@ static void log_using_line(void) {
     }
 }
 
+/* The bus ID that ends the realpath of /sys/class/infiniband/<dev>/device, as a number;
+ * LLONG_MAX for a device without one (a soft device), which net_ib also lists last. */
+static long long pci_order_key(const char *name) {
+    char rp[PATH_MAX];
+    unsigned dom, bus, dev, fn;
+    if (sysfs_realpath(rp, sizeof(rp), "/sys/class/infiniband/%s/device", name)) return LLONG_MAX;
+    const char *last = strrchr(rp, '/');
+    if (sscanf(last ? last + 1 : rp, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) return LLONG_MAX;
+    return ((long long)dom << 20) | (bus << 12) | (dev << 4) | fn;
+}
+
+/* net_ib's order (NCCL_IB_DEVICE_PCI_ORDER, NCCL 2.30): by PCI bus ID, so that every node
+ * gives the same index to the NIC in the same slot, whatever order libibverbs (readdir of
+ * /sys/class/infiniband) happens to list them in. A graph file's <net dev> is that index.
+ * Stable: the ports of one device, and devices without a PCI function, keep their order. */
+static void order_devices(struct ibv_device **list, int num) {
+    if (!param_int(P_IB_DEVICE_PCI_ORDER) || num < 2) return;
+    long long *key = calloc((size_t)num, sizeof(*key));
+    if (!key) return; /* libibverbs' order: the INFO line says which it is */
+    for (int i = 0; i < num; i++)
+        key[i] = pci_order_key(vb.get_device_name(list[i]));
+    for (int i = 1; i < num; i++) {
+        struct ibv_device *d = list[i];
+        long long k = key[i];
+        int j = i;
+        for (; j > 0 && key[j - 1] > k; j--) {
+            list[j] = list[j - 1];
+            key[j] = key[j - 1];
+        }
+        list[j] = d;
+        key[j] = k;
+    }
+    free(key);
+}
+
+static void log_device_order(void) {
+    char line[2048];
+    int n = snprintf(line, sizeof(line), "device order (%s):",
+                     param_int(P_IB_DEVICE_PCI_ORDER) ? "by PCI path, NCCL_IB_DEVICE_PCI_ORDER=1"
+                                                      : "libibverbs', NCCL_IB_DEVICE_PCI_ORDER=0");
+    for (int i = 0; i < ndevices && n < (int)sizeof(line); i++)
+        n += snprintf(line + n, sizeof(line) - n, " [%d]%s %s", i, devices[i].name,
+                      devices[i].has_pci_path ? devices[i].pci_path : "(no PCI function)");
+    INFO(NCCL_INIT | NCCL_NET, "%s", line);
+}
+
 int devices_discover(void) {
     struct hca_filter filter;
     char err[160];
@@ -402,6 +450,7 @@ int devices_discover(void) {
         if (list) vb.free_device_list(list);
         return -ENODEV;
     }
+    order_devices(list, num);
     for (int i = 0; i < num && ndevices < ERDMA_MAX_DEVICES; i++) {
         const char *name = vb.get_device_name(list[i]);
         struct ibv_context *ctx = vb.open_device(list[i]);
@@ -450,6 +499,7 @@ int devices_discover(void) {
         return -ENODEV;
     }
     log_using_line();
+    log_device_order();
     return ndevices;
 }
 

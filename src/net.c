@@ -24,6 +24,13 @@
 #include <unistd.h>
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static int net_version; /* the newest table's version NCCL has called init on */
+
+void erdma_set_net_version(int version) {
+    pthread_mutex_lock(&init_lock);
+    if (version > net_version) net_version = version;
+    pthread_mutex_unlock(&init_lock);
+}
 static int init_refs;
 static pid_t init_pid; /* the process whose init opened the devices */
 
@@ -66,7 +73,12 @@ int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     static bool env_exported;
     if (!env_exported) {
         env_exported = true;
-        topo_autoselect(); /* never fails init: logs why when it leaves NCCL alone */
+        struct topo_plugin_view view = {.gdr = true, .net_version = net_version};
+        for (int i = 0; i < devices_count() && i < TOPO_MAX_NICS; i++) {
+            view.names[view.nnics++] = device_get(i)->name;
+            view.gdr = view.gdr && (device_get(i)->ptr_support & NCCL_PTR_CUDA);
+        }
+        topo_autoselect(&view); /* never fails init: logs why when it leaves NCCL alone */
         mtu_guard_run();
     }
     rc = async_start();

@@ -16,6 +16,8 @@ struct erdma_props;
 /* Refcounted: the first init discovers devices, the last finalize releases them. */
 /* prof: NCCL's profiler callback (v10+), or NULL. */
 int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof);
+/* The ncclNet version NCCL loaded (8..12), before erdma_init: 0 when unknown (tests, tools). */
+void erdma_set_net_version(int version);
 void erdma_finalize(void);
 int erdma_devices(int *ndev);
 int erdma_get_properties(int dev, struct erdma_props *props);

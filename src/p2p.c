@@ -542,6 +542,17 @@ static int send_post_ready(struct send_comm *sc) {
 }
 
 /* ------------------------------------------------------------ progress */
+/* Whether anything in flight needs the peer. A receiver's flush reads its own memory over
+ * the loopback QP: NCCL's receiver flushes what has landed while its sender, whose sends are
+ * complete, may already have closed (on iWARP that close also flushes our receive ring). */
+static bool conn_needs_peer(struct conn *c) {
+    if (c->base.kind != COMM_RECV) return true;
+    struct recv_comm *rc = (struct recv_comm *)c;
+    for (int i = 0; i < ERDMA_RECV_REQS; i++)
+        if (rc->reqs[i].type == REQ_RECV && !rc->reqs[i].done) return true;
+    return false;
+}
+
 /* A dead peer closes its out-of-band socket (the kernel does it for a killed process) and,
  * with rdma_cm, disconnects: both show up long before RC retries run out (~30 s). */
 static int conn_check_health(struct conn *c) {
@@ -565,18 +576,19 @@ static int conn_check_health(struct conn *c) {
         if (!c->peer_bye_ns) c->peer_bye_ns = t;
         /* its rdma_cm disconnects follow the goodbye and are not read here: they flush our
          * receives, and those flushes complete behind any payload that did land */
-        if (t - c->peer_bye_ns < BYE_GRACE_NS) return 0;
+        if (t - c->peer_bye_ns < BYE_GRACE_NS || !conn_needs_peer(c)) return 0;
         WARN("%s: the peer %s closed its connection normally, but requests were still waiting "
              "for it %.1f s later (the two ranks disagree on the messages to move)",
              c->base.dev->name, c->peer, BYE_GRACE_NS / 1e9);
         return conn_fail(c, -ECONNRESET);
     }
-    if (ret) {
+    if (ret && conn_needs_peer(c)) { /* the socket stays closed: seen again when needed */
         WARN("%s: the peer %s closed its connection (process exited or node died) while "
              "requests were in flight",
              c->base.dev->name, c->peer);
         return conn_fail(c, ret == -EPROTO ? -EPROTO : -ECONNRESET);
     }
+    if (ret) return 0;
     ret = cm_poll_disconnect(c);
     return ret ? conn_fail(c, ret) : 0;
 }
@@ -598,6 +610,12 @@ static int conn_progress(struct conn *c) {
     }
     for (int i = 0; i < n; i++) {
         const struct ibv_wc *wc = &wcs[i];
+        if (wc->status == IBV_WC_WR_FLUSH_ERR && wr_kind_of(wc->wr_id) == WR_RECV) {
+            /* the peer's QP is gone: that fails below only what still needs the peer */
+            if (!c->peer_gone) c->peer_gone_wc = *wc;
+            c->peer_gone = true;
+            continue;
+        }
         if (wc->status != IBV_WC_SUCCESS) {
             stats_wc_error(&c->stats, wc->status);
             report_wc_error(c, wc);
@@ -608,6 +626,12 @@ static int conn_progress(struct conn *c) {
         if (ret) return ret;
     }
     if (n == 0) c->polls_since_check++;
+    /* with the CQ drained, whatever landed before the peer went away has completed */
+    if (c->peer_gone && !c->error && n < POLL_BATCH && conn_needs_peer(c)) {
+        stats_wc_error(&c->stats, c->peer_gone_wc.status);
+        report_wc_error(c, &c->peer_gone_wc);
+        conn_fail(c, -ECONNABORTED);
+    }
     if (c->error) return c->error;
     if (c->base.kind == COMM_SEND) return send_post_ready((struct send_comm *)c);
     struct recv_comm *rc = (struct recv_comm *)c;

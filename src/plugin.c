@@ -200,7 +200,15 @@ static ncclResult_t api_get_properties_v12(int dev, ncclNetProperties_v12_t *out
 }
 
 /* ------------------------------------------------------------ v8 (int sizes) */
+/* Each table's init says which ncclNet version NCCL picked: NCCL takes the newest it knows, so
+ * v8 means NCCL 2.21 or older, whose graph model differs (topo.c's graph selection). */
 static ncclResult_t api_init_v8(ncclDebugLogger_t logger) {
+    erdma_set_net_version(8);
+    return to_nccl(erdma_init(logger, NULL));
+}
+
+static ncclResult_t api_init_v9(ncclDebugLogger_t logger) {
+    erdma_set_net_version(9);
     return to_nccl(erdma_init(logger, NULL));
 }
 
@@ -235,6 +243,7 @@ static ncclResult_t api_irecv_v8(void *rc, int n, void **data, int *sizes, int *
 
 /* ------------------------------------------------------------ v10 (profiler, tc at connect) */
 static ncclResult_t api_init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
+    erdma_set_net_version(10);
     return to_nccl(erdma_init(logger, prof));
 }
 
@@ -265,6 +274,7 @@ static ncclResult_t api_init_v11(void **ctx, uint64_t comm_id, ncclNetCommConfig
                                  ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     struct plugin_ctx *c = calloc(1, sizeof(*c));
     if (!c) return ncclSystemError;
+    erdma_set_net_version(11); /* v12 too: shares this init */
     int rc = erdma_init(logger, prof);
     if (rc) {
         free(c);
@@ -322,7 +332,7 @@ EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
 
 EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
     .name = PLUGIN_NAME,
-    .init = api_init_v8,
+    .init = api_init_v9,
     .devices = api_devices,
     .getProperties = api_get_properties_v9,
     .listen = api_listen,

@@ -106,10 +106,6 @@ static int cmp_busid(const void *a, const void *b) {
     return strcmp(((const struct topo_dev *)a)->busid, ((const struct topo_dev *)b)->busid);
 }
 
-static int cmp_name(const void *a, const void *b) {
-    return strverscmp(((const struct topo_dev *)a)->name, ((const struct topo_dev *)b)->name);
-}
-
 static int scan_gpus(struct topo_node *node) {
     DIR *dir = open_sysfs_dir("/sys/bus/pci/devices");
     if (!dir) return errno == ENOENT ? 0 : -errno;
@@ -179,7 +175,8 @@ static int scan_nics(struct topo_node *node) {
         node->nnics++;
     }
     closedir(dir);
-    qsort(node->nics, (size_t)node->nnics, sizeof(node->nics[0]), cmp_name);
+    /* The plugin's order (NCCL_IB_DEVICE_PCI_ORDER=1, device.c): by bus ID. */
+    qsort(node->nics, (size_t)node->nnics, sizeof(node->nics[0]), cmp_busid);
     return rc;
 }
 
@@ -364,7 +361,7 @@ int topo_generate(const struct topo_node *node, const char *name, struct xml_nod
         if (!nic) nic = xml_add(pci, "nic");
         x = nic ? xml_add(nic, "net") : NULL;
         rc = x ? xml_set(x, "name", "%s", node->nics[i].name) : -ENOMEM;
-        /* dev is the plugin's device index: devices are listed in name order. */
+        /* dev is the plugin's device index: devices are listed in bus ID order. */
         if (!rc) rc = xml_set(x, "dev", "%d", i);
     }
     if (rc) {
@@ -415,38 +412,122 @@ int topo_show(FILE *out, const struct topo_node *node) {
     return ferror(out) ? -EIO : 0;
 }
 
+/* ---------- graph selection ---------- */
+
+const char *topo_cpu_kind(char *why, size_t wlen) {
+    char path[PATH_MAX], text[8192] = "", vendor[64] = "", fam[16] = "", mod[16] = "";
+    snprintf(path, sizeof(path), "%s/proc/cpuinfo", strcmp(sysfs_root(), "/") ? sysfs_root() : "");
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        snprintf(why, wlen, "cannot read %s", path);
+        return NULL;
+    }
+    text[fread(text, 1, sizeof(text) - 1, f)] = 0;
+    fclose(f);
+    cpuinfo_field(text, "vendor_id", vendor, sizeof(vendor));
+    cpuinfo_field(text, "cpu family", fam, sizeof(fam));
+    cpuinfo_field(text, "model", mod, sizeof(mod));
+    long family = strtol(fam, NULL, 10), model = strtol(mod, NULL, 10);
+    /* NCCL models Intel's socket link by family 6 and model: Sapphire Rapids (0x8f) and
+     * Emerald Rapids (0xcf) get different figures, hence a graph each. */
+    if (!strcmp(vendor, "AuthenticAMD")) {
+        snprintf(why, wlen,
+                 "AMD CPU: no graph is shipped (NCCL's own search on the family "
+                 "layout sends its one ring out through the far NIC, SYS)");
+        return NULL;
+    }
+    if (!strcmp(vendor, "GenuineIntel") && family == 6 && model == 0x8f) return "intel-spr";
+    if (!strcmp(vendor, "GenuineIntel") && family == 6 && model == 0xcf) return "intel-erp";
+    snprintf(why, wlen,
+             "CPU %s family %ld model 0x%lx has no graph (shipped: Intel Sapphire Rapids, "
+             "Emerald Rapids)",
+             vendor[0] ? vendor : "?", family, model);
+    return NULL;
+}
+
+/* GPUs 4n..4n+3 (NVML's order) and NIC n share a PCIe switch, as the graphs' channels assume. */
+static bool layout_fits(const struct topo_node *node, char *why, size_t wlen) {
+    for (int g = 0; g < node->ngpus; g++) {
+        const struct topo_dev *nic = &node->nics[g / 4];
+        const char *p;
+        if (path_rank(&node->gpus[g], nic, &p) != 0) {
+            snprintf(why, wlen, "GPU %d (%s) reaches %s through %s, the graphs assume PIX", g,
+                     node->gpus[g].busid, nic->name, p);
+            return false;
+        }
+    }
+    return true;
+}
+
+static int graph_file_fits(const struct topo_node *node, const char *path, char *why, size_t wlen) {
+    struct xml_node *graph = NULL, *topo = NULL;
+    struct topo_err e = {0};
+    char err[512];
+    int rc = xml_load(path, &graph, err, sizeof(err));
+    if (rc) {
+        snprintf(why, wlen, "%s", err);
+        return rc;
+    }
+    rc = topo_generate(node, NULL, &topo);
+    if (!rc) rc = topo_validate_graph(graph, topo, &e);
+    if (rc)
+        snprintf(why, wlen, "%s does not fit this node: %.*s", path, (int)strcspn(e.text, "\n"),
+                 e.count ? e.text : strerror(-rc));
+    xml_free(graph);
+    xml_free(topo);
+    return rc ? -ENOENT : 0;
+}
+
+int topo_graph_select(const struct topo_node *node, const struct topo_plugin_view *plugin,
+                      const char *dir, char *path, size_t plen, char *why, size_t wlen) {
+    if (!topo_node_has_family_shape(node, why, wlen) || !layout_fits(node, why, wlen))
+        return -ENOENT;
+    const char *cpu = topo_cpu_kind(why, wlen);
+    if (!cpu) return -ENOENT;
+    if (plugin->net_version == 8) {
+        snprintf(why, wlen,
+                 "NCCL loaded ncclNet v8 (NCCL 2.21 or older), whose model gives this CPU's "
+                 "socket link 6 GB/s: the graphs carry NCCL 2.22+'s figures");
+        return -ENOENT;
+    }
+    if (!plugin->gdr) {
+        snprintf(why, wlen,
+                 "GPU Direct RDMA is off (no peer memory, no dma-buf): NCCL's paths to the "
+                 "NICs are PHB, the graphs assume PIX");
+        return -ENOENT;
+    }
+    if (plugin->nnics != node->nnics) {
+        snprintf(why, wlen,
+                 "the plugin uses %d of the node's %d eRDMA NICs (NCCL_IB_HCA?), the "
+                 "graphs use both",
+                 plugin->nnics, node->nnics);
+        return -ENOENT;
+    }
+    for (int i = 0; i < plugin->nnics; i++) {
+        if (strcmp(plugin->names[i], node->nics[i].name)) {
+            snprintf(why, wlen,
+                     "plugin device %d is %s, the graphs' NET %d is %s (bus ID order, "
+                     "NCCL_IB_DEVICE_PCI_ORDER=1)",
+                     i, plugin->names[i], i, node->nics[i].name);
+            return -ENOENT;
+        }
+    }
+    snprintf(path, plen, "%s/graph-%s.xml", dir, cpu);
+    return graph_file_fits(node, path, why, wlen);
+}
+
 /* ---------- automatic selection ---------- */
 
-static const char *topo_dir(void) {
+const char *topo_dir(void) {
     return param_is_set(P_ERDMA_TOPO_DIR) ? param_str(P_ERDMA_TOPO_DIR) : ERDMA_TOPO_DIR;
 }
 
-static int family_fits(const char *family, const struct topo_node *node, char *topo_path,
-                       char *graph_path, struct topo_err *e) {
-    char why[512];
-    struct xml_node *topo = NULL, *graph = NULL;
-    snprintf(topo_path, PATH_MAX, "%s/%s-topo.xml", topo_dir(), family);
-    snprintf(graph_path, PATH_MAX, "%s/%s-graph.xml", topo_dir(), family);
-    int rc = xml_load(topo_path, &topo, why, sizeof(why));
-    if (!rc) rc = xml_load(graph_path, &graph, why, sizeof(why));
-    if (rc) topo_err_add(e, "%s", why);
-    if (!rc) rc = topo_check_node(topo, node, e);
-    if (!rc) rc = topo_validate_graph(graph, topo, e);
-    if (!rc) rc = topo_check_plugin_devices(topo, e);
-    xml_free(topo);
-    xml_free(graph);
-    return rc;
-}
-
-static void first_line(const struct topo_err *e, char *out, size_t len) {
-    snprintf(out, len, "%.*s", (int)strcspn(e->text, "\n"), e->text);
-}
-
-int topo_autoselect(void) {
-    static const char *const modes[] = {"auto", "off", NULL};
+int topo_autoselect(const struct topo_plugin_view *view) {
+    static const char *const modes[] = {"auto", "off", "graph", NULL};
+    int mode = param_choice(P_ERDMA_TOPO, modes);
     const char *user_topo = param_is_set(P_NCCL_TOPO_FILE) ? param_str(P_NCCL_TOPO_FILE) : NULL;
     const char *user_graph = param_is_set(P_NCCL_GRAPH_FILE) ? param_str(P_NCCL_GRAPH_FILE) : NULL;
-    if (param_choice(P_ERDMA_TOPO, modes) == 1) {
+    if (mode == 1) {
         INFO(NCCL_INIT | NCCL_ENV, "NCCL_ERDMA_TOPO=off: topology left to NCCL");
         return 0;
     }
@@ -463,44 +544,47 @@ int topo_autoselect(void) {
         INFO(NCCL_INIT, "topology: cannot read sysfs (%s); NCCL detects it", strerror(-rc));
         return 0;
     }
-    const char *candidates[8] = {NULL};
-    const char *type = param_str(P_ERDMA_INSTANCE_TYPE);
+    const char *family = NULL;
     if (param_is_set(P_ERDMA_INSTANCE_TYPE)) {
-        candidates[0] = topo_family_from_instance(type);
-        if (!candidates[0]) {
-            INFO(NCCL_INIT, "topology: instance type %s has no shipped topology; NCCL detects it",
+        const char *type = param_str(P_ERDMA_INSTANCE_TYPE);
+        family = topo_family_from_instance(type);
+        if (!family) {
+            INFO(NCCL_INIT,
+                 "topology: instance type %s is not of the ebmgn9g family; NCCL "
+                 "detects it",
                  type);
             return 0;
         }
     } else if (!topo_node_has_family_shape(&node, why, sizeof(why))) {
         INFO(NCCL_INIT, "topology: not an ebmgn9g-family node (%s); NCCL detects it", why);
         return 0;
-    } else {
-        /* The shape does not tell the families apart: the first whose files fit wins. */
-        for (int i = 0; topo_families[i] && i < 7; i++)
-            candidates[i] = topo_families[i];
     }
-    for (int i = 0; candidates[i]; i++) {
-        static char topo_path[PATH_MAX], graph_path[PATH_MAX];
-        struct topo_err e = {0};
-        if (family_fits(candidates[i], &node, topo_path, graph_path, &e)) {
-            first_line(&e, why, sizeof(why));
-            INFO(NCCL_INIT,
-                 "topology: %s files do not fit this node (%d problem(s), first: %s); "
-                 "NCCL detects it. `nccl-erdma-topo check %s` lists them",
-                 candidates[i], e.count, why, topo_path);
-            continue;
-        }
-        /* NCCL's own topology code rejects the shipped topology (it lacks the CPU attributes
-         * each rank fills in since 2.22, so fused trees keep bare CPUs) and the shipped graphs
-         * claim bandwidths NCCL's model does not give this node: neither is set until a
-         * file is proven against NCCL's code (issue 12). */
+    static char path[PATH_MAX];
+    rc = topo_graph_select(&node, view, topo_dir(), path, sizeof(path), why, sizeof(why));
+    const char *what = family ? family : "ebmgn9g-family";
+    const char *how = family ? "NCCL_ERDMA_INSTANCE_TYPE" : "by its shape";
+    if (rc) {
         INFO(NCCL_INIT,
-             "topology: %s node (%s); the shipped files are not set (NCCL rejects the topology "
-             "file, the graph is unverified): NCCL detects it",
-             candidates[i],
-             param_is_set(P_ERDMA_INSTANCE_TYPE) ? "NCCL_ERDMA_INSTANCE_TYPE" : "by its shape");
+             "topology: %s node (%s); no graph set: %s. NCCL detects the topology "
+             "and searches its graphs itself",
+             what, how, why);
         return 0;
     }
-    return 0;
+    /* The shipped graphs are what NCCL's own search computes on the layout they assume: on a
+     * node where every assumption holds NCCL finds the same, so auto sets nothing and only
+     * NCCL_ERDMA_TOPO=graph pins them (topo/README.md says when that can help, and why it
+     * must not be the default: every communicator of the process gets the same graph). */
+    if (mode != 2) {
+        INFO(NCCL_INIT,
+             "topology: %s node (%s); NCCL detects the topology and searches its "
+             "graphs itself (%s fits: NCCL_ERDMA_TOPO=graph sets it)",
+             what, how, path);
+        return 0;
+    }
+    setenv("NCCL_GRAPH_FILE", path, 0);
+    INFO(NCCL_INIT | NCCL_ENV,
+         "topology: %s node (%s); NCCL_ERDMA_TOPO=graph: NCCL_GRAPH_FILE=%s (for communicators "
+         "of all 8 GPUs of each node: NCCL rejects it in one over fewer)",
+         what, how, path);
+    return 1;
 }

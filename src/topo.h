@@ -33,7 +33,7 @@ struct topo_dev {
 struct topo_node {
     int ngpus; /* NVIDIA (0x10de) functions of class 0x03xxxx, sorted by bus ID (NVML's order) */
     struct topo_dev gpus[TOPO_MAX_GPUS];
-    int nnics; /* eRDMA RDMA devices, in name order (the plugin's order) */
+    int nnics; /* eRDMA RDMA devices, by bus ID (the plugin's order, NCCL_IB_DEVICE_PCI_ORDER=1) */
     struct topo_dev nics[TOPO_MAX_NICS];
     int nother;      /* RDMA devices of other drivers */
     char other[256]; /* their names, for messages */
@@ -64,9 +64,6 @@ int topo_check_node(const struct xml_node *root, const struct topo_node *node,
 /* A graph XML (NCCL_GRAPH_FILE) valid for NCCL and consistent with the topology. */
 int topo_validate_graph(const struct xml_node *graphs, const struct xml_node *topo,
                         struct topo_err *err);
-/* The plugin's device order is the one the topology's <net dev=...> index NICs by (a no-op
- * outside init, when the plugin has no devices). 0 or -EINVAL. */
-int topo_check_plugin_devices(const struct xml_node *topo, struct topo_err *err);
 /* Adds one problem (a line) to err; NULL err counts nothing. */
 void topo_err_add(struct topo_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "0000:17:00.0": a PCI function's bus ID, as sysfs names its directory. */
@@ -74,12 +71,39 @@ bool topo_is_busid(const char *s);
 /* One line per GPU: the NIC NCCL would pair it with, and the PCIe path between them. */
 int topo_show(FILE *out, const struct topo_node *node);
 
-/*
- * At init: when NCCL_TOPO_FILE and NCCL_GRAPH_FILE are unset and the node is
- * recognised, points them at the installed files, after checking they fit.
- * Returns 1 when it set them, 0 when it left NCCL alone (the reason is
- * logged); never fails init.
+/* What the plugin's devices look like to the graph selection: device.c's table at init, a
+ * test's or the tool's stand-in otherwise. */
+struct topo_plugin_view {
+    int nnics;
+    const char *names[TOPO_MAX_NICS]; /* in the plugin's order: a graph's <net dev> */
+    bool gdr;                         /* every NIC reports NCCL_PTR_CUDA (peer memory, dma-buf) */
+    int net_version; /* the ncclNet version NCCL loaded; 8 means NCCL <= 2.21, 0 unknown */
+};
+
+/* Where the shipped files are: NCCL_ERDMA_TOPO_DIR, else the installed share/nccl-net-erdma/topo.
  */
-int topo_autoselect(void);
+const char *topo_dir(void);
+/* The CPU kind (/proc/cpuinfo under the sysfs root) a graph is shipped for, as NCCL's model
+ * tells them apart: "intel-spr", "intel-erp"; NULL with the reason in why for any other. */
+const char *topo_cpu_kind(char *why, size_t wlen);
+
+/*
+ * The shipped graph (topo/graph-<cpu>.xml, NCCL's own ring and tree of the family layout) for
+ * this node, when everything it assumes holds: a family node (8 GPUs, 2 eRDMA NICs, GPUs 0-3
+ * PIX-near the first NIC and 4-7 the second), a CPU kind it is made for, GPU Direct RDMA, both
+ * NICs in the plugin's use, in bus ID order, NCCL 2.22 or newer (ncclNet v9+: 2.21 models these
+ * CPUs' socket link as Skylake's). 0 with its path, or -ENOENT with the first
+ * assumption that fails in why.
+ */
+int topo_graph_select(const struct topo_node *node, const struct topo_plugin_view *plugin,
+                      const char *dir, char *path, size_t plen, char *why, size_t wlen);
+
+/*
+ * At init, when NCCL_TOPO_FILE and NCCL_GRAPH_FILE are unset and the node is
+ * recognised: NCCL_ERDMA_TOPO=auto logs what topo_graph_select finds and sets nothing;
+ * =graph sets NCCL_GRAPH_FILE to the graph it selects. Returns 1 when it set
+ * it, 0 when it left NCCL alone (the reason is logged); never fails init.
+ */
+int topo_autoselect(const struct topo_plugin_view *plugin);
 
 #endif

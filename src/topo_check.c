@@ -1,11 +1,10 @@
 /*
  * Checks of NCCL topology and graph XMLs: against the elements and attributes
  * NCCL's loaders read, against this node (every GPU and NIC where sysfs puts
- * it), against each other (channels, devices, CPUs), and against the plugin's
- * device order. Reading the node and writing XML live in topo.c, the XML
- * syntax in topo_xml.c.
+ * it) and against each other (channels, devices, CPUs). Reading the node,
+ * writing XML and the graph selection (with the plugin's device order) live
+ * in topo.c, the XML syntax in topo_xml.c.
  */
-#include "device.h"
 #include "sysfs.h"
 #include "topo.h"
 
@@ -458,8 +457,9 @@ static void check_graph(const struct xml_node *g, const struct xml_node **tgpus,
         topo_err_add(e, "line %d: the ring graph (id 0) needs pattern 4", g->line);
     if (id == 1 && (pattern < 1 || pattern > 3))
         topo_err_add(e, "line %d: the tree graph (id 1) needs pattern 1, 2 or 3", g->line);
-    if (!parse_int(xml_get(g, "crossnic"), &crossnic) || crossnic < 0 || crossnic > 1)
-        topo_err_add(e, "line %d: crossnic must be 0 or 1", g->line);
+    /* 2 is NCCL_CROSS_NIC's default, which NCCL's own graph dump writes. */
+    if (!parse_int(xml_get(g, "crossnic"), &crossnic) || crossnic < 0 || crossnic > 2)
+        topo_err_add(e, "line %d: crossnic must be 0, 1 or 2", g->line);
     if (xml_get(g, "samechannels") &&
         (!parse_int(xml_get(g, "samechannels"), &same) || same < 0 || same > 1))
         topo_err_add(e, "line %d: samechannels must be 0 or 1", g->line);
@@ -510,27 +510,4 @@ int topo_validate_graph(const struct xml_node *graphs, const struct xml_node *to
     if (!ids[0] || !ids[1])
         topo_err_add(e, "the file needs a ring graph (id 0) and a tree graph (id 1)");
     return e->count > before ? -EINVAL : 0;
-}
-
-/* ---------- the plugin's devices ---------- */
-
-/* The plugin's device order must be the one the files index NICs by. */
-int topo_check_plugin_devices(const struct xml_node *topo, struct topo_err *e) {
-    const struct xml_node *nets[64];
-    int nnet = collect(topo, "net", nets, 64, 0), ndev = devices_count();
-    if (ndev == 0) return 0; /* called outside init (tools, unit tests): sysfs only */
-    if (ndev != nnet) {
-        topo_err_add(e, "the plugin uses %d NIC(s) (NCCL_IB_HCA?), the files expect %d", ndev,
-                     nnet);
-        return -EINVAL;
-    }
-    for (int i = 0; i < ndev; i++) {
-        const struct xml_node *n = by_dev(nets, nnet, i);
-        if (!n || strcmp(xml_get(n, "name"), device_get(i)->name)) {
-            topo_err_add(e, "plugin device %d is %s, the files expect %s", i, device_get(i)->name,
-                         n ? xml_get(n, "name") : "nothing");
-            return -EINVAL;
-        }
-    }
-    return 0;
 }

@@ -42,6 +42,17 @@ not-this-node)
   done
   "$tool" --sysfs-root "$fx/no_erdma" show >"$out" 2>&1; rc=$?
   expect 3 'not this kind of node: 8 NVIDIA GPUs but no eRDMA NIC' ;;
+select)
+  "$tool" --sysfs-root "$fx/ebmgn9g" select --topo-dir "$src/topo" >"$out" 2>&1; rc=$?
+  expect 0 "^$src/topo/graph-intel-spr.xml\$"
+  "$tool" --sysfs-root "$fx/ebmgn9g" select --topo-dir "$src/topo" --nics erdma_1,erdma_0 >"$out" 2>&1; rc=$?
+  expect 1 '^refused: plugin device 0 is erdma_1'
+  "$tool" --sysfs-root "$fx/ebmgn9g" select --topo-dir "$src/topo" --gdr 0 >"$out" 2>&1; rc=$?
+  expect 1 '^refused: GPU Direct RDMA is off'
+  "$tool" --sysfs-root "$fx/ebmgn9g" select --topo-dir "$src/topo" --nccl-net 8 >"$out" 2>&1; rc=$?
+  expect 1 '^refused: NCCL loaded ncclNet v8'
+  "$tool" --sysfs-root "$fx/one_nic" select --topo-dir "$src/topo" >"$out" 2>&1; rc=$?
+  expect 1 '^refused: 8 NVIDIA GPUs and 1 eRDMA NICs' ;;
 usage)
   "$tool" frobnicate >"$out" 2>&1; rc=$?
   expect 2 '^usage: nccl-erdma-topo' ;;

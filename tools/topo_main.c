@@ -22,7 +22,13 @@ static void usage(FILE *out) {
                  "node\n"
                  "  check TOPO.xml [GRAPH.xml]        does the file fit this node? (and the graph "
                  "the topology?)\n"
-                 "  show                              which eRDMA NIC each GPU would use\n");
+                 "  show                              which eRDMA NIC each GPU would use\n"
+                 "  select [--topo-dir DIR] [--nics NIC,NIC] [--gdr 0|1] [--nccl-net 8..12]\n"
+                 "                                    the graph NCCL_ERDMA_TOPO=graph would set, "
+                 "for the\n"
+                 "                                    plugin's NICs in this order (default: the "
+                 "node's, by\n"
+                 "                                    bus ID) and GPU Direct RDMA (default 1)\n");
 }
 
 static int not_this_node(const char *why) {
@@ -140,6 +146,39 @@ static int cmd_show(const struct topo_node *node) {
     return topo_show(stdout, node) ? EXIT_USAGE : EXIT_OK;
 }
 
+static int cmd_select(const struct topo_node *node, int argc, char **argv) {
+    struct topo_plugin_view view = {.gdr = true};
+    const char *dir = topo_dir();
+    static char nics[1024];
+    for (int i = 0; i < node->nnics && view.nnics < TOPO_MAX_NICS; i++)
+        view.names[view.nnics++] = node->nics[i].name;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--topo-dir") && i + 1 < argc) {
+            dir = argv[++i];
+        } else if (!strcmp(argv[i], "--nccl-net") && i + 1 < argc) {
+            view.net_version = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--gdr") && i + 1 < argc) {
+            view.gdr = strcmp(argv[++i], "0") != 0;
+        } else if (!strcmp(argv[i], "--nics") && i + 1 < argc) {
+            snprintf(nics, sizeof(nics), "%s", argv[++i]);
+            view.nnics = 0;
+            for (char *save = NULL, *t = strtok_r(nics, ",", &save);
+                 t && view.nnics < TOPO_MAX_NICS; t = strtok_r(NULL, ",", &save))
+                view.names[view.nnics++] = t;
+        } else {
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    char path[PATH_MAX], why[512];
+    if (topo_graph_select(node, &view, dir, path, sizeof(path), why, sizeof(why))) {
+        printf("refused: %s\n", why);
+        return EXIT_CHECK;
+    }
+    printf("%s\n", path);
+    return EXIT_OK;
+}
+
 int main(int argc, char **argv) {
     int i = 1;
     char root[PATH_MAX];
@@ -166,6 +205,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return cmd_generate(&node, argc - i, argv + i);
     if (!strcmp(cmd, "check")) return cmd_check(&node, argc - i, argv + i);
     if (!strcmp(cmd, "show") && i == argc) return cmd_show(&node);
+    if (!strcmp(cmd, "select")) return cmd_select(&node, argc - i, argv + i);
     usage(stderr);
     return EXIT_USAGE;
 }

@@ -523,9 +523,7 @@ static int flush_recv(struct duo *d, void *arg) {
     CHECK(net_wait(&s.n, freq, NULL, TMO) == 0);
     CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
     free(buf);
-    /* The sender stays until these flushes are done: on siw its close disconnects the QPs and
-     * flushes our idle receive ring, which fails the comm, local flushes included (a known
-     * limit, docs/failures.md); this case is about flushes, not about that. */
+    /* flushes after the sender's close: flush_after_sender_closed */
     CHECK(duo_barrier(d) == 0);
     return recv_side_close(&s);
 }
@@ -545,6 +543,69 @@ static int flush_send(struct duo *d, void *arg) {
     free(buf);
     CHECK(duo_barrier(d) == 0);
     return send_side_close(&s);
+}
+
+/* ------------------------------------------------------------ scenario: flush after the
+ * sender closed. NCCL's sender finishes (and may destroy its communicator) once its sends
+ * complete, while the receiver still flushes what landed. A flush reads our own memory over
+ * the loopback QP and needs nothing from the peer: on iWARP the peer's close disconnects our
+ * QPs and flushes the idle receive ring, and that must not fail these flushes. */
+#define CLOSED_MSGS 4
+static int closed_flush_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *mh[CLOSED_MSGS], *req, *freq[CLOSED_MSGS];
+    uint8_t *buf[CLOSED_MSGS];
+    int got[CLOSED_MSGS];
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    for (int i = 0; i < CLOSED_MSGS; i++) {
+        buf[i] = page_alloc(65536);
+        CHECK(net_regmr(&s.n, s.comm, buf[i], 65536, &mh[i]) == 0);
+        void *data = buf[i];
+        size_t sz = 65536;
+        int tag = 0;
+        CHECK(net_irecv(&s.n, s.comm, 1, &data, &sz, &tag, &mh[i], &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, &got[i], TMO) == 0);
+        CHECK(pattern_check(buf[i], (size_t)got[i], (uint32_t)i) < 0);
+    }
+    CHECK(duo_barrier(d) == 0); /* the sender has closed and finalized */
+    usleep(300 * 1000);         /* its disconnect has reached our QPs by now */
+    for (int i = 0; i < CLOSED_MSGS; i++) {
+        void *data = buf[i];
+        CHECK(net_iflush(&s.n, s.comm, 1, &data, &got[i], &mh[i], &freq[i]) == 0);
+        CHECK(freq[i] != NULL); /* NCCL_ERDMA_FORCE_FLUSH=1: a real read */
+    }
+    for (int i = 0; i < CLOSED_MSGS; i++)
+        CHECK(net_wait(&s.n, freq[i], NULL, TMO) == 0);
+    /* a receive that needs the gone peer fails (no hang) */
+    void *data = buf[0];
+    size_t sz = 65536;
+    int tag = 0, done = 0;
+    int rc = net_irecv(&s.n, s.comm, 1, &data, &sz, &tag, &mh[0], &req, TMO);
+    for (int polls = 0; rc == ncclSuccess && !done && polls < 100000000; polls++)
+        rc = net_test(&s.n, req, &done, NULL); /* not net_wait: its timeout is an error too */
+    CHECK(rc != ncclSuccess && !done);
+    for (int i = 0; i < CLOSED_MSGS; i++) {
+        CHECK(net_deregmr(&s.n, s.comm, mh[i]) == 0);
+        free(buf[i]);
+    }
+    return recv_side_close(&s);
+}
+
+static int closed_flush_send(struct duo *d, void *arg) {
+    struct side s;
+    void *mh, *req;
+    CHECK(send_side_open(d, arg, &s) == 0);
+    uint8_t *buf = page_alloc(65536);
+    CHECK(net_regmr(&s.n, s.comm, buf, 65536, &mh) == 0);
+    for (int i = 0; i < CLOSED_MSGS; i++) {
+        pattern_fill(buf, 5000 + (size_t)i, (uint32_t)i);
+        CHECK(net_isend(&s.n, s.comm, buf, 5000 + (size_t)i, 0, mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, NULL, TMO) == 0);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    free(buf);
+    CHECK(send_side_close(&s) == 0);
+    return duo_barrier(d);
 }
 
 /* ------------------------------------------------------------ scenario: second round after
@@ -603,6 +664,7 @@ static const struct scenario scenarios[] = {
     {"several_comms", multicomm_recv, multicomm_send, NULL},
     {"close_and_reconnect", rounds_recv, rounds_send, NULL},
     {"forced_flush", flush_recv, flush_send, "NCCL_ERDMA_FORCE_FLUSH=1"},
+    {"flush_after_sender_closed", closed_flush_recv, closed_flush_send, "NCCL_ERDMA_FORCE_FLUSH=1"},
     {"sizes_4qps_roundrobin", sizes_recv, sizes_send, "NCCL_IB_QPS_PER_CONNECTION=4"},
     {"sizes_4qps_split", sizes_recv, sizes_send,
      "NCCL_IB_QPS_PER_CONNECTION=4;NCCL_IB_SPLIT_DATA_ON_QPS=1"},

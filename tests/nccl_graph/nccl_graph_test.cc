@@ -4,10 +4,15 @@
  * communicator init, on fake sysfs trees of the ebmgn9g family and of nodes
  * that differ from it: eight threads act as the node's eight ranks, each runs
  * ncclTopoGetSystem (which fuses the ranks' trees on 2.22+), computes and
- * trims paths, and searches the ring and tree graphs, with and without
- * NCCL_GRAPH_FILE. Prints what NCCL computes; fails when NCCL fails where it
- * must not, or when the result is not what the plugin's topology support
- * relies on (GPUs next to their NIC, every channel's NIC PIX-near its GPUs).
+ * trims paths, and searches the ring and tree graphs. On rank 0's system it
+ * then loads graph files as NCCL_GRAPH_FILE: the old shipped graph, and the
+ * graph the plugin's selection (nccl-erdma-topo select) picks for the tree,
+ * which must equal NCCL's own search on node 0 and node 1 of the job; and it
+ * reruns the ranks with nccl-erdma-topo generate's output as NCCL_TOPO_FILE.
+ * Prints what NCCL computes; fails when NCCL fails where it must not, or when
+ * the result is not what the plugin's topology support relies on (GPUs next
+ * to their NIC, every channel's NIC PIX-near its GPUs, no graph selected
+ * where an assumption of it fails).
  */
 #include "ng_world.h"
 
@@ -26,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* NCCL before 2.30 has no name for "virtual devices not made yet". */
@@ -71,6 +77,7 @@ static struct {
 } W;
 
 static thread_local int t_rank = -1;
+static int tree_serial; /* counts trees, see rank_main */
 
 const char *ng_sysfs_root(void) {
     return W.root.c_str();
@@ -81,8 +88,13 @@ bool ng_verbose(void) {
 int ng_thread_rank(void) {
     return t_rank;
 }
+/* The node whose 8 ranks the threads act as: 0 (ranks 0-7) or, in a job of 2, 1 (ranks 8-15). */
+static int run_node;
+/* The node's ranks in the communicator: 8, or 4 for a communicator of GPUs 0-3 of each node. */
+static int local_ranks = 8;
+static const uint64_t node_hash = 0x6e6f64654131ull;
 uint64_t ng_host_hash(void) {
-    return 0x6e6f64654131ull;
+    return node_hash + run_node;
 }
 unsigned *ng_cpuid(unsigned leaf) {
     return W.cpuid[leaf ? 1 : 0];
@@ -225,6 +237,7 @@ static void build_tree(const ng_case &c) {
         exit(2);
     }
     W.root = buf.data();
+    tree_serial++;
     char real[PATH_MAX];
     if (realpath(W.root.c_str(), real)) W.root = real;
     mkdirs(W.root + "/sys/bus/pci/devices");
@@ -245,6 +258,12 @@ static void build_tree(const ng_case &c) {
     memcpy(&W.cpuid[0][3], v + 4, 4); /* edx */
     memcpy(&W.cpuid[0][2], v + 8, 4); /* ecx */
     W.cpuid[1][0] = leaf1[c.cpu];
+    /* What the plugin reads to tell the CPU kind (cpuid's family and model, as Linux prints). */
+    static const int family[] = {6, 6, 25}, model[] = {0x8f, 0xcf, 0x11};
+    mkdirs(W.root + "/proc");
+    put(W.root + "/proc/cpuinfo",
+        "processor\t: 0\nvendor_id\t: %s\ncpu family\t: %d\nmodel\t\t: %d\n", v, family[c.cpu],
+        model[c.cpu]);
     W.gdr = c.gdr;
     W.virt = NCCL_UNDEF_DEV_COUNT;
 }
@@ -306,8 +325,15 @@ static ncclResult_t net_make_vdevice(int *, ncclNetVDeviceProps_t *props) {
 struct ng_graph_out {
     int nChannels, typeIntra, typeInter, sameChannels;
     float bwIntra, bwInter;
-    std::string why; /* a channel whose NIC is not PIX-near its GPU */
+    std::string channels; /* each channel's NETs and GPUs, in order */
+    std::string why;      /* a channel whose NIC is not PIX-near its GPU */
 };
+
+static bool same_graph(const ng_graph_out &a, const ng_graph_out &b) {
+    return a.nChannels == b.nChannels && a.typeIntra == b.typeIntra && a.typeInter == b.typeInter &&
+           a.sameChannels == b.sameChannels && a.bwIntra == b.bwIntra && a.bwInter == b.bwInter &&
+           a.channels == b.channels;
+}
 
 struct ng_rank_out {
     ncclResult_t rc = ncclSuccess;
@@ -319,9 +345,11 @@ struct ng_rank_out {
 };
 
 static ng_rank_out outs[8];
-static int tree_serial; /* counts trees and runs, see rank_main */
-static bool with_graph_file;
 static ng_case cur;
+/* Rank 0's system and graphs, kept for the graph files and dumps: NCCL loads NCCL_GRAPH_FILE in
+ * ncclTopoCompute, on the system every rank has built (the ranks agree, see ranks_agree). */
+static ncclTopoSystem *rank0_sys;
+static ncclTopoGraph rank0_graphs[2];
 
 static const char *path_name(int t) {
     return topoPathTypeStr[t];
@@ -338,8 +366,7 @@ static int net_path(ncclTopoSystem *s, int rank, int64_t netId) {
     return -1;
 }
 
-static void search(ncclTopoSystem *s, int id, int pattern, ng_graph_out *o) {
-    static thread_local ncclTopoGraph g;
+static void search(ncclTopoSystem *s, int id, int pattern, ng_graph_out *o, ncclTopoGraph &g) {
     memset(&g, 0, sizeof(g));
     g.id = id;
     g.pattern = pattern;
@@ -358,6 +385,15 @@ static void search(ncclTopoSystem *s, int id, int pattern, ng_graph_out *o) {
     o->typeInter = g.typeInter;
     o->sameChannels = g.sameChannels;
     int ngpus = s->nodes[GPU].count;
+    o->channels.clear();
+    for (int c = 0; c < g.nChannels; c++) {
+        char b[32];
+        snprintf(b, sizeof(b), "%s%ld", c ? " | " : "", (long)g.inter[c * 2]);
+        o->channels += b;
+        for (int i = 0; i < ngpus; i++)
+            o->channels += " " + std::to_string(g.intra[c * ngpus + i]);
+        o->channels += " " + std::to_string((long)g.inter[c * 2 + 1]);
+    }
     if (s->nodes[NET].count == 0) return;
     for (int c = 0; c < g.nChannels && o->why.empty(); c++) {
         /* The GPU that receives from the network, and the one that sends to it (rings: the last).
@@ -380,10 +416,11 @@ static void *rank_main(void *arg) {
     int rank = (int)(intptr_t)arg;
     t_rank = rank;
     ng_rank_out *o = &outs[rank];
-    int nranks = 8 * cur.nodes;
+    int nranks = local_ranks * cur.nodes;
     static ncclNet_t net;
-    /* NCCL before 2.30 caches a plugin's device count per process, by plugin name: each tree
-     * is a new "process", so each gets a name of its own. */
+    /* NCCL before 2.30 caches a plugin's device count per process, by plugin name, in at most
+     * NCCL_NET_MAX_PLUGINS (16) slots: each tree is a new "process" with a name of its own;
+     * the runs on one tree share it (same NICs). */
     static char name[32];
     snprintf(name, sizeof(name), "erdma-%d", tree_serial);
     net.name = name;
@@ -394,7 +431,7 @@ static void *rank_main(void *arg) {
 #endif
 
     ncclComm *comm = (ncclComm *)calloc(1, sizeof(ncclComm));
-    comm->rank = rank;
+    comm->rank = rank + local_ranks * run_node;
     comm->nRanks = nranks;
     comm->peerInfo = (ncclPeerInfo *)calloc(nranks, sizeof(ncclPeerInfo));
     comm->sharedRes = (ncclSharedResources *)calloc(1, sizeof(ncclSharedResources));
@@ -405,11 +442,11 @@ static void *rank_main(void *arg) {
     for (int r = 0; r < nranks; r++) {
         ncclPeerInfo *p = &comm->peerInfo[r];
         p->rank = r;
-        p->cudaDev = p->nvmlDev = r % 8;
+        p->cudaDev = p->nvmlDev = r % local_ranks;
         p->gdrSupport = 1; /* the GPU side; whether the NIC can is the plugin's answer */
-        p->hostHash = r < 8 ? ng_host_hash() : ng_host_hash() + 1;
+        p->hostHash = node_hash + r / local_ranks;
         p->pidHash = 1000 + r;
-        busIdToInt64(W.gpus[r % 8].busid.c_str(), &p->busId);
+        busIdToInt64(W.gpus[r % local_ranks].busid.c_str(), &p->busId);
         p->cudaCompCap = 90;
 #if NCCL_VERSION_CODE >= 23000
         p->mloPart = -1;
@@ -456,30 +493,37 @@ static void *rank_main(void *arg) {
             snprintf(b, sizeof(b), "%sgpu%d", g ? " " : "", gpu->gpu.dev);
         o->gpu_paths += b;
     }
-    /* With a graph file every rank loads the same graph into the same system: rank 0 stands for
-     * all (NCCL allocates ~1 GB per graph file it parses, which 8 threads at once make slow). */
-    if (with_graph_file && rank != 0) return NULL;
-    search(s, 0, NCCL_TOPO_PATTERN_RING, &o->ring);
-    search(s, 1, NCCL_TOPO_PATTERN_BALANCED_TREE, &o->tree);
+    static thread_local ncclTopoGraph g[2];
+    ncclTopoGraph *keep = rank == 0 ? rank0_graphs : g;
+    search(s, 0, NCCL_TOPO_PATTERN_RING, &o->ring, keep[0]);
+    search(s, 1, NCCL_TOPO_PATTERN_BALANCED_TREE, &o->tree, keep[1]);
+    if (rank == 0)
+        rank0_sys = s;
+    else
+        ncclTopoFree(s);
+    free(comm->peerInfo);
+    free(comm->sharedRes);
+    free(comm);
     return NULL;
 }
 
 /* Runs the node's 8 ranks; 0 when every rank got through init's topology steps. */
 static int run_ranks(void) {
     W.warns.clear();
-    tree_serial++;
-    pthread_barrier_init(&W.barrier, NULL, 8);
-    W.gather.assign(8 * xmlMemSize(NCCL_TOPO_XML_MAX_NODES), 0);
+    if (rank0_sys) ncclTopoFree(rank0_sys);
+    rank0_sys = NULL;
+    pthread_barrier_init(&W.barrier, NULL, local_ranks);
+    W.gather.assign(local_ranks * xmlMemSize(NCCL_TOPO_XML_MAX_NODES), 0);
     pthread_t t[8];
-    for (int r = 0; r < 8; r++) {
+    for (int r = 0; r < local_ranks; r++) {
         outs[r] = ng_rank_out();
         pthread_create(&t[r], NULL, rank_main, (void *)(intptr_t)r);
     }
-    for (int r = 0; r < 8; r++)
+    for (int r = 0; r < local_ranks; r++)
         pthread_join(t[r], NULL);
     pthread_barrier_destroy(&W.barrier);
     int failed = 0;
-    for (int r = 0; r < 8; r++)
+    for (int r = 0; r < local_ranks; r++)
         failed += outs[r].rc != ncclSuccess;
     return failed;
 }
@@ -508,11 +552,9 @@ static void print_graph(const char *what, const ng_graph_out &g) {
 
 /* Every rank must have computed the same system and graphs. */
 static bool ranks_agree(void) {
-    for (int r = 1; r < 8; r++)
+    for (int r = 1; r < local_ranks; r++)
         if (outs[r].cpus != outs[0].cpus || outs[r].gpu_paths != outs[0].gpu_paths ||
-            outs[r].ring.nChannels != outs[0].ring.nChannels ||
-            outs[r].ring.bwInter != outs[0].ring.bwInter ||
-            outs[r].tree.nChannels != outs[0].tree.nChannels)
+            !same_graph(outs[r].ring, outs[0].ring) || !same_graph(outs[r].tree, outs[0].tree))
             return false;
     return true;
 }
@@ -525,42 +567,176 @@ struct ng_expect {
     bool pix_channels; /* every channel enters and leaves through a PIX-near NIC */
 };
 
-static const char *graph_file; /* NCCL_GRAPH_FILE to try on every tree */
-static int graph_accepted_negative;
+/* ---------- graph files ---------- */
 
-/* The same ranks with NCCL_GRAPH_FILE: NCCL loads the graph and uses it as it is, so a graph is
- * only acceptable on a tree where it loads, every channel's NICs are PIX-near its GPUs, and it
- * claims no more than NCCL's own search gives (channels x bandwidth). */
-static void check_graph_file(const ng_case &c, bool negative) {
-    ng_rank_out base = outs[0];
-    setenv("NCCL_GRAPH_FILE", graph_file, 1);
-    with_graph_file = true;
-    int failed = run_ranks();
-    with_graph_file = false;
+static struct {
+    const char *old_graph; /* the graph shipped before issue 12: refused on every negative tree */
+    const char *tool;      /* nccl-erdma-topo: the plugin's graph selection */
+    const char *topo_dir;  /* the shipped graphs it selects from */
+    const char *dump_dir;  /* where to write NCCL's own graphs of the family trees */
+} opt;
+static int old_accepted_negative, selected;
+
+/* NCCL_GRAPH_FILE=file on rank 0's system: NCCL's ncclTopoCompute loads it. "" when NCCL
+ * loaded it, else NCCL's failure. */
+static std::string load_graph(const char *file, ng_graph_out out[2]) {
+    ncclTopoGraph g[2];
+    W.warns.clear();
+    setenv("NCCL_GRAPH_FILE", file, 1);
+    out[0] = out[1] = ng_graph_out();
+    search(rank0_sys, 0, NCCL_TOPO_PATTERN_RING, &out[0], g[0]);
+    search(rank0_sys, 1, NCCL_TOPO_PATTERN_BALANCED_TREE, &out[1], g[1]);
     unsetenv("NCCL_GRAPH_FILE");
-    std::string why;
-    const ng_rank_out &o = outs[0];
-    if (failed) {
-        why = std::string("NCCL fails in ") + o.step + ": " +
-              (W.warns.empty() ? "(no WARN)" : W.warns[0]);
-    } else {
-        print_graph("ring from file", o.ring);
-        print_graph("tree from file", o.tree);
-        const ng_graph_out *f[] = {&o.ring, &o.tree}, *b[] = {&base.ring, &base.tree};
-        for (int i = 0; i < 2 && why.empty(); i++) {
-            char m[200];
-            if (c.nodes > 1 && !f[i]->why.empty()) {
-                why = f[i]->why;
-            } else if (f[i]->nChannels * f[i]->bwInter > b[i]->nChannels * b[i]->bwInter) {
-                snprintf(m, sizeof(m), "%s claims %d x %.1f GB/s, NCCL's model gives %d x %.1f",
-                         i ? "tree" : "ring", f[i]->nChannels, f[i]->bwInter, b[i]->nChannels,
-                         b[i]->bwInter);
-                why = m;
-            }
+    if (out[0].nChannels >= 0 && out[1].nChannels >= 0) return "";
+    return std::string("NCCL fails in ncclTopoCompute: ") +
+           (W.warns.empty() ? "(no WARN)" : W.warns[0]);
+}
+
+/* The old graph: NCCL uses a loaded graph as it is, so it is only acceptable on a tree where it
+ * loads, every channel's NICs are PIX-near its GPUs, and it claims no more than NCCL's own
+ * search gives (channels x bandwidth). */
+static void check_old_graph(const ng_case &c, bool negative) {
+    ng_graph_out f[2];
+    std::string why = load_graph(opt.old_graph, f);
+    const ng_graph_out *b[] = {&outs[0].ring, &outs[0].tree};
+    for (int i = 0; i < 2 && why.empty(); i++) {
+        char m[200];
+        print_graph(i ? "old graph's tree" : "old graph's ring", f[i]);
+        if (c.nodes > 1 && !f[i].why.empty()) {
+            why = f[i].why;
+        } else if (f[i].nChannels * f[i].bwInter > b[i]->nChannels * b[i]->bwInter) {
+            snprintf(m, sizeof(m), "%s claims %d x %.1f GB/s, NCCL's model gives %d x %.1f",
+                     i ? "tree" : "ring", f[i].nChannels, f[i].bwInter, b[i]->nChannels,
+                     b[i]->bwInter);
+            why = m;
         }
     }
-    printf("  graph file: %s%s\n", why.empty() ? "acceptable" : "refused: ", why.c_str());
-    graph_accepted_negative += why.empty() && negative;
+    printf("  old graph: %s%s\n", why.empty() ? "acceptable" : "refused: ", why.c_str());
+    old_accepted_negative += why.empty() && negative;
+}
+
+/* What the plugin's NCCL_ERDMA_TOPO=graph would set on this tree, as the plugin sees it (its
+ * device order and GPU Direct answer): the file, or "" with the reason in why. */
+static std::string plugin_selects(std::string &why) {
+    std::string cmd = std::string(opt.tool) + " --sysfs-root '" + W.root + "' select --topo-dir '" +
+                      opt.topo_dir + "' --gdr " + (W.gdr ? "1" : "0") +
+                      /* the ncclNet version this NCCL loads: v8 up to 2.21 */
+                      (NCCL_VERSION_CODE >= 22200 ? " --nccl-net 9" : " --nccl-net 8") + " --nics ";
+    for (size_t i = 0; i < W.nics.size(); i++)
+        cmd += (i ? "," : "") + W.nics[i].name;
+    cmd += " 2>&1";
+    FILE *p = popen(cmd.c_str(), "r");
+    if (!p) {
+        why = "cannot run " + cmd;
+        return "";
+    }
+    char line[1024];
+    std::string text;
+    while (fgets(line, sizeof(line), p))
+        text += line;
+    int st = pclose(p);
+    while (!text.empty() && text.back() == '\n')
+        text.pop_back();
+    if (st == 0) return text;
+    why = WIFEXITED(st) && WEXITSTATUS(st) == 1 ? text : "tool failed: " + text;
+    return "";
+}
+
+static const char *const cpu_names[] = {"intel-spr", "intel-erp", "amd"};
+
+/* The shipped graph the plugin selects: never on a negative tree; on every family tree of two
+ * nodes the one for its CPU, which NCCL loads and which equals NCCL's own search. */
+static void check_selection(const ng_case &c, bool negative) {
+    std::string why, file = plugin_selects(why);
+    /* No graph for AMD (NCCL's own search there leaves through the far NIC), nor for NCCL 2.21
+     * (its model gives these Intel CPUs 6 GB/s, the graphs carry 2.22+'s figures). */
+    bool expected = !negative && c.cpu != CPU_AMD && NCCL_VERSION_CODE >= 22200;
+    if (file.empty()) {
+        printf("  graph selection: none (%s)\n", why.c_str());
+        if (expected) fail("the plugin selects no graph on an Intel family tree: %s", why.c_str());
+        if (!expected && why.compare(0, 8, "refused:")) fail("selection failed: %s", why.c_str());
+        return;
+    }
+    printf("  graph selection: %s\n", file.c_str());
+    selected++;
+    if (!expected) fail("the plugin selects %s on a negative or AMD tree", file.c_str());
+    std::string want = std::string("graph-") + cpu_names[c.cpu] + ".xml";
+    if (file.size() < want.size() || file.compare(file.size() - want.size(), want.size(), want))
+        fail("expected %s for this CPU", want.c_str());
+    /* Every node of the job loads the same file: node 1's ranks (8-15) too. */
+    for (run_node = 0; run_node < c.nodes; run_node++) {
+        if (run_node > 0 && run_ranks()) {
+            fail("node %d: NCCL fails in %s", run_node, outs[0].step);
+            break;
+        }
+        ng_graph_out f[2];
+        std::string err = load_graph(file.c_str(), f);
+        if (!err.empty()) {
+            fail("node %d: NCCL rejects the selected graph: %s", run_node, err.c_str());
+            continue;
+        }
+        const ng_graph_out *b[] = {&outs[0].ring, &outs[0].tree};
+        int differ = 0;
+        for (int i = 0; i < 2; i++) {
+            if (same_graph(f[i], *b[i])) continue;
+            differ++;
+            print_graph(i ? "tree from file" : "ring from file", f[i]);
+            print_graph(i ? "tree NCCL searched" : "ring NCCL searched", *b[i]);
+            /* One node: NCCL's own search differs (the ring closes inside the node); NCCL
+             * loads the file and uses its figures. topo/README.md says so: the graphs are for
+             * jobs of two nodes or more. */
+            if (c.nodes > 1)
+                fail("node %d: %s from the selected graph differs from NCCL's own search", run_node,
+                     i ? "tree" : "ring");
+            else
+                printf("  (one node: NCCL's own search differs, as topo/README.md says)\n");
+        }
+        if (!differ) printf("  node %d: the selected graph equals NCCL's own search\n", run_node);
+    }
+    run_node = 0;
+}
+
+static void dump_graphs(const ng_case &c) {
+    std::string file = std::string(opt.dump_dir) + "/graph-" + cpu_names[c.cpu] + ".xml";
+    ncclTopoGraph *g[2] = {&rank0_graphs[0], &rank0_graphs[1]};
+    setenv("NCCL_GRAPH_DUMP_FILE", file.c_str(), 1);
+    if (ncclTopoDumpGraphs(rank0_sys, 2, g) != ncclSuccess) fail("cannot dump %s", file.c_str());
+    unsetenv("NCCL_GRAPH_DUMP_FILE");
+    printf("  NCCL's graphs written to %s\n", file.c_str());
+}
+
+/* nccl-erdma-topo generate on this tree, then NCCL_TOPO_FILE=that file: NCCL must build the
+ * same system (CPUs and their attributes, PCI switches, GPUs, NETs, each GPU's nearest NIC and
+ * path) and the same ring and tree as from sysfs alone, on every rank. */
+static void check_generated(void) {
+    ng_rank_out base = outs[0];
+    std::string file = W.root + "/generated-topo.xml";
+    std::string cmd = std::string(opt.tool) + " --sysfs-root '" + W.root +
+                      "' generate --name ebmgn9g -o '" + file + "' 2>&1";
+    if (system(cmd.c_str()) != 0) {
+        fail("%s failed", cmd.c_str());
+        return;
+    }
+    setenv("NCCL_TOPO_FILE", file.c_str(), 1);
+    int failed = run_ranks();
+    unsetenv("NCCL_TOPO_FILE");
+    const ng_rank_out &o = outs[0];
+    if (failed) {
+        fail("NCCL_TOPO_FILE=<generated>: %d rank(s) failed in %s: %s", failed, o.step,
+             W.warns.empty() ? "(no WARN)" : W.warns[0].c_str());
+        return;
+    }
+    if (o.cpus != base.cpus || o.npci != base.npci || o.ngpu != base.ngpu || o.nnet != base.nnet ||
+        o.gpu_paths != base.gpu_paths || !ranks_agree() || !same_graph(o.ring, base.ring) ||
+        !same_graph(o.tree, base.tree)) {
+        printf("  with the generated file: %d CPU (%s), %d PCI, %d GPU, %d NET\n  paths: %s\n",
+               o.ncpu, o.cpus.c_str(), o.npci, o.ngpu, o.nnet, o.gpu_paths.c_str());
+        print_graph("ring", o.ring);
+        print_graph("tree", o.tree);
+        fail("NCCL_TOPO_FILE=<generated> gives NCCL another system or other graphs");
+        return;
+    }
+    printf("  generated topology file: NCCL builds the same system and graphs\n");
 }
 
 static void run_case(const ng_case &c, const ng_expect &e, bool negative = false) {
@@ -617,9 +793,48 @@ static void run_case(const ng_case &c, const ng_expect &e, bool negative = false
     if (c.nodes > 1 && pix != e.pix_channels)
         fail(e.pix_channels ? "a channel's NIC is not PIX-near its GPUs"
                             : "expected a channel whose NIC is not PIX-near its GPUs");
-    /* Each graph file NCCL parses costs ~1 GB of zeroed memory: the 2-node trees of the default
-     * bus numbers are enough to tell a graph's fit. */
-    if (graph_file && c.nodes > 1 && c.hb[0] == 0x16) check_graph_file(c, negative);
+    /* The old graph on the negative trees, and on one family tree for its figures: each graph
+     * file NCCL 2.30 loads costs ~0.9 GB of zeroed memory (NCCL_GRAPH_XML_MAX_NODES). */
+    if (opt.old_graph && (negative || !strcmp(c.name, "intel-spr, 2 nodes")))
+        check_old_graph(c, negative);
+    if (opt.dump_dir && !negative && c.nodes > 1 && c.hb[0] == 0x16) dump_graphs(c);
+    if (opt.tool && !negative) check_generated();
+    if (opt.tool) check_selection(c, negative);
+    remove_tree();
+}
+
+/* NCCL_GRAPH_FILE applies to every communicator of the process: one over GPUs 0-3 of each node
+ * (a tensor-parallel group) gets the graph of all 8, whose channels name GPUs it does not have.
+ * NCCL must reject it there; topo/README.md gives this as why the graphs are opt-in. */
+static void check_subcomm_graph(void) {
+    ng_case c = {"intel-spr, 2 nodes, a communicator of GPUs 0-3 of each node",
+                 CPU_INTEL_SPR,
+                 {0x16, 0x96},
+                 true,
+                 false,
+                 2,
+                 2};
+    cur = c;
+    build_tree(c);
+    local_ranks = 4;
+    printf("case %s\n", c.name);
+    int failed = run_ranks();
+    if (failed) {
+        fail("%d rank(s) failed in %s: %s", failed, outs[0].step,
+             W.warns.empty() ? "(no WARN)" : W.warns[0].c_str());
+    } else {
+        const ng_rank_out &o = outs[0];
+        printf("  system: %d GPU, %d NET\n", o.ngpu, o.nnet);
+        print_graph("ring", o.ring);
+        print_graph("tree", o.tree);
+        std::string file = std::string(opt.topo_dir) + "/graph-intel-spr.xml";
+        ng_graph_out f[2];
+        std::string err = load_graph(file.c_str(), f);
+        printf("  graph-intel-spr.xml: %s\n", err.empty() ? "loaded" : err.c_str());
+        if (o.ngpu != 4) fail("expected 4 GPUs in the communicator's system");
+        if (err.empty()) fail("NCCL loaded an 8-GPU graph into a 4-GPU communicator");
+    }
+    local_ranks = 8;
     remove_tree();
 }
 
@@ -639,18 +854,34 @@ static int topo_file_fails(const char *file) {
     return failed == 8 ? 0 : 1;
 }
 
+static int usage(const char *argv0) {
+    fprintf(
+        stderr,
+        "usage: %s [--old-graph GRAPH.xml] [--old-topo TOPO.xml] [--select TOOL TOPO_DIR] "
+        "[--dump DIR]\n"
+        "  --old-graph: NCCL's code must refuse GRAPH.xml on every negative tree\n"
+        "  --old-topo:  NCCL's init must fail with NCCL_TOPO_FILE=TOPO.xml\n"
+        "  --select:    the graph `TOOL select` picks (NCCL_ERDMA_TOPO=graph) must be NCCL's own\n"
+        "               result on the family trees and must be refused on the negative ones\n"
+        "  --dump:      writes NCCL's ring and tree of each CPU's family tree to DIR\n",
+        argv0);
+    return 2;
+}
+
 int main(int argc, char **argv) {
-    /* --graph FILE: says where NCCL's code finds FILE acceptable; fails if on a negative tree. */
-    /* --topo-fails FILE: NCCL's init must fail with NCCL_TOPO_FILE=FILE. */
-    if (argc == 3 && !strcmp(argv[1], "--topo-fails")) {
-        setvbuf(stdout, NULL, _IOLBF, 0);
-        return topo_file_fails(argv[2]);
-    }
-    if (argc == 3 && !strcmp(argv[1], "--graph")) {
-        graph_file = argv[2];
-    } else if (argc != 1) {
-        fprintf(stderr, "usage: %s [--graph GRAPH.xml | --topo-fails TOPO.xml]\n", argv[0]);
-        return 2;
+    const char *old_topo = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--old-graph") && i + 1 < argc)
+            opt.old_graph = argv[++i];
+        else if (!strcmp(argv[i], "--old-topo") && i + 1 < argc)
+            old_topo = argv[++i];
+        else if (!strcmp(argv[i], "--select") && i + 2 < argc) {
+            opt.tool = argv[++i];
+            opt.topo_dir = argv[++i];
+        } else if (!strcmp(argv[i], "--dump") && i + 1 < argc)
+            opt.dump_dir = argv[++i];
+        else
+            return usage(argv[0]);
     }
     /* clang-format off */
     static const ng_case family[] = {
@@ -700,8 +931,15 @@ int main(int argc, char **argv) {
              {"PIX", 2, 2, intel, true}, true);
     run_case({"one nic", CPU_INTEL_SPR, {0x16, 0x96}, true, false, 1, 2},
              {"PIX", one_nic_ch, one_nic_ch, one_nic, false}, true);
-    if (graph_file && graph_accepted_negative)
-        fail("%s was acceptable on %d negative tree(s)", graph_file, graph_accepted_negative);
+    if (opt.old_graph && old_accepted_negative)
+        fail("%s was acceptable on %d negative tree(s)", opt.old_graph, old_accepted_negative);
+    /* The Intel family trees of 2 nodes (3) and of 1 node (1) select a graph (from 2.22). */
+    const int want_selected = NCCL_VERSION_CODE >= 22200 ? 4 : 0;
+    if (opt.tool && selected != want_selected)
+        fail("graphs selected on %d trees, expected %d", selected, want_selected);
+    if (opt.tool) check_subcomm_graph();
+    if (old_topo && topo_file_fails(old_topo)) fail("NCCL accepted %s", old_topo);
+    if (rank0_sys) ncclTopoFree(rank0_sys);
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
     return failures ? 1 : 0;
 }

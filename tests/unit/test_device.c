@@ -597,6 +597,49 @@ static void test_two_ports_share_context(void **state) {
     release_and_check();
 }
 
+/* libibverbs lists devices in readdir order of /sys/class/infiniband, which differs between
+ * nodes: the plugin sorts them by PCI bus ID as net_ib does (NCCL_IB_DEVICE_PCI_ORDER=1), so
+ * index 0 is the NIC in the lower slot everywhere. */
+static void test_pci_order(void **state) {
+    use_fixture("ebmgn9g");
+    add_roce_dev("erdma_1", 0x02163efffe010204ull, "172.16.1.10"); /* 0000:00:06.0 */
+    add_roce_dev("erdma_0", 0x02163efffe010203ull, "172.16.0.10"); /* 0000:00:05.0 */
+    assert_discover(2);
+    assert_string_equal(device_get(0)->name, "erdma_0");
+    assert_string_equal(device_get(0)->pci_path, "/sys/devices/pci0000:00/0000:00:05.0");
+    assert_int_equal(device_get(0)->index, 0);
+    assert_string_equal(device_get(1)->name, "erdma_1");
+    assert_int_equal(device_get(1)->index, 1);
+    /* The device's own address, not the verbs list's: the GID follows its device. */
+    union ibv_gid want;
+    inet_pton(AF_INET6, "::ffff:172.16.0.10", want.raw);
+    assert_memory_equal(device_get(0)->gid.raw, want.raw, 16);
+    assert_logged(NCCL_LOG_INFO, "Using [0]erdma_0:1/RoCE/GID1 [1]erdma_1:1/RoCE/GID1");
+    assert_logged(NCCL_LOG_INFO, "device order (by PCI path, NCCL_IB_DEVICE_PCI_ORDER=1): "
+                                 "[0]erdma_0 /sys/devices/pci0000:00/0000:00:05.0 "
+                                 "[1]erdma_1 /sys/devices/pci0000:00/0000:00:06.0");
+    release_and_check();
+    /* 0: libibverbs' order, as before. */
+    setenv("NCCL_IB_DEVICE_PCI_ORDER", "0", 1);
+    assert_discover(2);
+    assert_string_equal(device_get(0)->name, "erdma_1");
+    assert_string_equal(device_get(1)->name, "erdma_0");
+    assert_logged(NCCL_LOG_INFO, "device order (libibverbs', NCCL_IB_DEVICE_PCI_ORDER=0): "
+                                 "[0]erdma_1");
+    release_and_check();
+}
+
+/* A device without a PCI function under /sys/class/infiniband (rxe) goes last, as in net_ib. */
+static void test_pci_order_soft_device_last(void **state) {
+    use_fixture("ebmgn9g");
+    add_roce_dev("rxe0", 0x02163efffe010205ull, "172.16.0.10");
+    add_roce_dev("erdma_1", 0x02163efffe010204ull, "172.16.1.10");
+    assert_discover(2);
+    assert_string_equal(device_get(0)->name, "erdma_1");
+    assert_string_equal(device_get(1)->name, "rxe0");
+    release_and_check();
+}
+
 /* ---- the async-event thread over two ports of one context ---- */
 static struct ibv_async_event async_queue[4];
 static int async_queued, async_taken;
@@ -900,6 +943,8 @@ int main(void) {
         T(test_open_failure_skipped),
         T(test_not_ethernet_skipped),
         T(test_two_ports_share_context),
+        T(test_pci_order),
+        T(test_pci_order_soft_device_last),
         T(test_async_port_events_on_second_port),
         T(test_hca_filter),
         T(test_hca_filter_malformed),

@@ -515,10 +515,18 @@ static int select_teardown(void **state) {
     return 0;
 }
 
+/* The plugin as net.c describes it at init: both NICs, in bus ID order, GPU Direct on. */
+static struct topo_plugin_view view;
+
+static void plugin_both_nics(void) {
+    view = (struct topo_plugin_view){
+        .nnics = 2, .names = {"erdma_0", "erdma_1"}, .gdr = true, .net_version = 12};
+}
+
 static int run_select(const char *fixture) {
     use_fixture(fixture);
     params_load();
-    return topo_autoselect();
+    return topo_autoselect(&view);
 }
 
 static void expect_left_alone(const char *why) {
@@ -528,43 +536,140 @@ static void expect_left_alone(const char *why) {
     assert_non_null(strstr(log_text, why));
 }
 
-/* NCCL's own code rejects the shipped topology file (issue 12): auto never sets it, and on the
- * very node the files describe the check now says why (its CPUs lack what NCCL reads). */
+/* auto never sets a file: on a node where the Intel graph fits, NCCL's own search computes the
+ * same graph (tests/nccl_graph), so auto only says that NCCL_ERDMA_TOPO=graph would set it. */
 static void test_select_by_shape(void **state) {
+    plugin_both_nics();
     assert_int_equal(run_select("ebmgn9g"), 0);
-    expect_left_alone("topology: ebmgn9g files do not fit this node (2 problem(s), first: line 2: "
-                      "<cpu> lacks arch=); NCCL detects it");
-    assert_non_null(strstr(log_text, "ebmgn9ge files do not fit this node"));
-    assert_int_equal(info_lines, 3);
+    char want[PATH_MAX * 2];
+    snprintf(want, sizeof(want),
+             "topology: ebmgn9g-family node (by its shape); NCCL detects the topology and "
+             "searches its graphs itself (%s/graph-intel-spr.xml fits: NCCL_ERDMA_TOPO=graph "
+             "sets it)",
+             shipped);
+    expect_left_alone(want);
+    assert_int_equal(info_lines, 1);
 }
 
-static void test_select_by_instance_type(void **state) {
-    setenv("NCCL_ERDMA_INSTANCE_TYPE", "ecs.ebmgn9gc.48xlarge", 1);
+static void test_select_graph_mode(void **state) {
+    plugin_both_nics();
+    setenv("NCCL_ERDMA_TOPO", "graph", 1);
+    assert_int_equal(run_select("ebmgn9g"), 1);
+    char want[PATH_MAX * 2];
+    snprintf(want, sizeof(want), "%s/graph-intel-spr.xml", shipped);
+    assert_null(getenv("NCCL_TOPO_FILE"));
+    assert_non_null(getenv("NCCL_GRAPH_FILE"));
+    assert_string_equal(getenv("NCCL_GRAPH_FILE"), want);
+    assert_non_null(strstr(log_text, "NCCL_ERDMA_TOPO=graph: NCCL_GRAPH_FILE="));
+    unsetenv("NCCL_GRAPH_FILE");
+    /* Bus numbers do not matter to a graph (NVML's GPU index, the plugin's NIC index). */
+    assert_int_equal(run_select("other_bus"), 1);
+    assert_string_equal(getenv("NCCL_GRAPH_FILE"), want);
+    unsetenv("NCCL_GRAPH_FILE");
+}
+
+/* Every assumption of the graphs, broken one at a time: NCCL_ERDMA_TOPO=graph sets nothing and
+ * one INFO line names the assumption. */
+static void test_select_graph_refused(void **state) {
+    setenv("NCCL_ERDMA_TOPO", "graph", 1);
+    plugin_both_nics();
+    view.gdr = false;
     assert_int_equal(run_select("ebmgn9g"), 0);
-    expect_left_alone("topology: ebmgn9gc files do not fit this node");
+    expect_left_alone("no graph set: GPU Direct RDMA is off");
     assert_int_equal(info_lines, 1);
+
+    plugin_both_nics();
+    view.nnics = 1; /* NCCL_IB_HCA=erdma_0 */
+    assert_int_equal(run_select("ebmgn9g"), 0);
+    expect_left_alone("the plugin uses 1 of the node's 2 eRDMA NICs (NCCL_IB_HCA?)");
+
+    plugin_both_nics();
+    view.names[0] = "erdma_1"; /* NCCL_IB_DEVICE_PCI_ORDER=0 and libibverbs' order */
+    view.names[1] = "erdma_0";
+    assert_int_equal(run_select("ebmgn9g"), 0);
+    expect_left_alone("plugin device 0 is erdma_1, the graphs' NET 0 is erdma_0");
+
+    plugin_both_nics();
+    view.net_version = 8; /* NCCL 2.21 */
+    assert_int_equal(run_select("ebmgn9g"), 0);
+    expect_left_alone("NCCL loaded ncclNet v8 (NCCL 2.21 or older)");
+
+    plugin_both_nics();
+    assert_int_equal(run_select("one_nic"), 0);
+    expect_left_alone("not an ebmgn9g-family node (8 NVIDIA GPUs and 1 eRDMA NICs");
+
+    /* No graph for this CPU. */
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "/tmp/erdma-topo-cpu-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    char cmd[PATH_MAX * 3];
+    snprintf(cmd, sizeof(cmd), "cp -r %s/ebmgn9g/. %s/", fixtures, dir);
+    assert_int_equal(system(cmd), 0);
+    char cpuinfo[PATH_MAX + 32];
+    snprintf(cpuinfo, sizeof(cpuinfo), "%s/proc/cpuinfo", dir);
+    static const char *const cpus[][2] = {
+        {"vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n", "AMD CPU: no graph"},
+        {"vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 106\n",
+         "CPU GenuineIntel family 6 model 0x6a has no graph"},
+        {"vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n", NULL}, /* ERP */
+    };
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(cpuinfo, "w");
+        assert_non_null(f);
+        fputs(cpus[i][0], f);
+        fclose(f);
+        sysfs_set_root(dir);
+        assert_int_equal(topo_scan(&node), 0);
+        params_load();
+        log_text[0] = 0;
+        int rc = topo_autoselect(&view);
+        if (cpus[i][1]) {
+            assert_int_equal(rc, 0);
+            expect_left_alone(cpus[i][1]);
+        } else {
+            assert_int_equal(rc, 1);
+            assert_non_null(strstr(getenv("NCCL_GRAPH_FILE"), "/graph-intel-erp.xml"));
+            unsetenv("NCCL_GRAPH_FILE");
+        }
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* No configuration of auto sets a file, whatever the node and the plugin look like. */
+static void test_select_auto_never_sets(void **state) {
+    static const char *const fixtures_all[] = {"ebmgn9g",    "other_bus", "one_nic",
+                                               "fewer_gpus", "no_erdma",  "empty"};
+    for (size_t f = 0; f < sizeof(fixtures_all) / sizeof(fixtures_all[0]); f++)
+        for (int v = 0; v < 4; v++) {
+            plugin_both_nics();
+            view.gdr = v & 1;
+            view.nnics = v & 2 ? 1 : 2;
+            log_text[0] = 0;
+            assert_int_equal(run_select(fixtures_all[f]), 0);
+            expect_left_alone("topology: ");
+        }
 }
 
 static void test_select_unknown_instance_type(void **state) {
     setenv("NCCL_ERDMA_INSTANCE_TYPE", "ecs.gn7i-c8g1.2xlarge", 1);
+    plugin_both_nics();
     assert_int_equal(run_select("ebmgn9g"), 0);
-    expect_left_alone("instance type ecs.gn7i-c8g1.2xlarge has no shipped topology");
-}
-
-static void test_select_mismatch_same_shape(void **state) {
-    assert_int_equal(run_select("other_bus"), 0);
-    expect_left_alone("ebmgn9g files do not fit this node");
-    assert_non_null(strstr(log_text, "ebmgn9ge files do not fit this node"));
+    expect_left_alone("instance type ecs.gn7i-c8g1.2xlarge is not of the ebmgn9g family");
 }
 
 static void test_select_mismatch_instance_type(void **state) {
-    /* Told it is an ebmgn9g, but the node disagrees: the files still must fit. */
+    /* Told it is an ebmgn9g, but the node disagrees: the graphs' assumptions still must hold. */
     setenv("NCCL_ERDMA_INSTANCE_TYPE", "ecs.ebmgn9g.48xlarge", 1);
+    setenv("NCCL_ERDMA_TOPO", "graph", 1);
+    plugin_both_nics();
     assert_int_equal(run_select("fewer_gpus"), 0);
-    expect_left_alone("ebmgn9g files do not fit this node");
+    expect_left_alone("topology: ebmgn9g node (NCCL_ERDMA_INSTANCE_TYPE); no graph set: 4 NVIDIA "
+                      "GPUs and 2 eRDMA NICs");
 }
 
 static void test_select_not_family_shape(void **state) {
+    plugin_both_nics();
     assert_int_equal(run_select("fewer_gpus"), 0);
     expect_left_alone("not an ebmgn9g-family node (4 NVIDIA GPUs and 2 eRDMA NICs");
     log_text[0] = 0;
@@ -579,6 +684,8 @@ static void test_select_not_family_shape(void **state) {
 }
 
 static void test_select_user_file_kept(void **state) {
+    plugin_both_nics();
+    setenv("NCCL_ERDMA_TOPO", "graph", 1);
     setenv("NCCL_TOPO_FILE", "/etc/my-topo.xml", 1);
     assert_int_equal(run_select("ebmgn9g"), 0);
     assert_string_equal(getenv("NCCL_TOPO_FILE"), "/etc/my-topo.xml");
@@ -593,15 +700,18 @@ static void test_select_user_file_kept(void **state) {
 }
 
 static void test_select_off(void **state) {
+    plugin_both_nics();
     setenv("NCCL_ERDMA_TOPO", "off", 1);
     assert_int_equal(run_select("ebmgn9g"), 0);
     expect_left_alone("NCCL_ERDMA_TOPO=off");
 }
 
 static void test_select_missing_dir(void **state) {
+    plugin_both_nics();
+    setenv("NCCL_ERDMA_TOPO", "graph", 1);
     setenv("NCCL_ERDMA_TOPO_DIR", "/nonexistent/topo", 1);
     assert_int_equal(run_select("ebmgn9g"), 0);
-    expect_left_alone("/nonexistent/topo/ebmgn9g-topo.xml: No such file or directory");
+    expect_left_alone("/nonexistent/topo/graph-intel-spr.xml: No such file or directory");
 }
 
 int main(void) {
@@ -635,20 +745,17 @@ int main(void) {
         cmocka_unit_test(test_validate_graph_rejects),
         cmocka_unit_test(test_validate_graph_wants_both_nics),
         cmocka_unit_test(test_show),
-        cmocka_unit_test_setup_teardown(test_select_by_shape, select_setup, select_teardown),
-        cmocka_unit_test_setup_teardown(test_select_by_instance_type, select_setup,
-                                        select_teardown),
-        cmocka_unit_test_setup_teardown(test_select_unknown_instance_type, select_setup,
-                                        select_teardown),
-        cmocka_unit_test_setup_teardown(test_select_mismatch_same_shape, select_setup,
-                                        select_teardown),
-        cmocka_unit_test_setup_teardown(test_select_mismatch_instance_type, select_setup,
-                                        select_teardown),
-        cmocka_unit_test_setup_teardown(test_select_not_family_shape, select_setup,
-                                        select_teardown),
-        cmocka_unit_test_setup_teardown(test_select_user_file_kept, select_setup, select_teardown),
-        cmocka_unit_test_setup_teardown(test_select_off, select_setup, select_teardown),
-        cmocka_unit_test_setup_teardown(test_select_missing_dir, select_setup, select_teardown),
+#define SELECT(f) cmocka_unit_test_setup_teardown(f, select_setup, select_teardown)
+        SELECT(test_select_by_shape),
+        SELECT(test_select_graph_mode),
+        SELECT(test_select_graph_refused),
+        SELECT(test_select_auto_never_sets),
+        SELECT(test_select_unknown_instance_type),
+        SELECT(test_select_mismatch_instance_type),
+        SELECT(test_select_not_family_shape),
+        SELECT(test_select_user_file_kept),
+        SELECT(test_select_off),
+        SELECT(test_select_missing_dir),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     sysfs_set_root(NULL);
