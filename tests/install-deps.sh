@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 PKGS=(build-essential cmake pkg-config libcmocka-dev libibverbs-dev librdmacm-dev
-      rdma-core ibverbs-providers perftest valgrind iproute2 clang-format clang libclang-rt-14-dev python3
+      rdma-core ibverbs-providers perftest valgrind gdb iproute2 clang-format clang libclang-rt-14-dev python3
       python3-prometheus-client)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -107,7 +107,7 @@ static int pair_run(duo_fn survivor, duo_fn victim, void *arg, int timeout_s) {
     pid_t s = fork();
     if (s == 0) {
         d.is_child = 0;
-        alarm((unsigned)timeout_s);
+        alarm((unsigned)timeout_s + ROLE_BACKSTOP_S);
         int rc = survivor(&d, arg);
         fflush(NULL);
         _exit(rc == 0 ? 0 : 1);
@@ -116,11 +116,7 @@ static int pair_run(duo_fn survivor, duo_fn victim, void *arg, int timeout_s) {
     close(d.to_child[1]);
     close(d.to_parent[0]);
     close(d.to_parent[1]);
-    int status = 0, ok = 0;
-    if (s > 0 && waitpid(s, &status, 0) == s && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        ok = 1;
-    else
-        fprintf(stderr, "survivor failed (status 0x%x)\n", status);
+    int ok = s > 0 && role_reap(s, now_s() + timeout_s, "survivor") == 0;
     if (v > 0) {
         kill(v, SIGKILL);
         waitpid(v, NULL, 0);

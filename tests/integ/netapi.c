@@ -234,17 +234,34 @@ static pid_t spawn(struct duo *d, duo_fn fn, void *arg, int is_child, int timeou
     pid_t pid = fork();
     if (pid != 0) return pid;
     d->is_child = is_child;
-    alarm((unsigned)timeout_s);
+    alarm((unsigned)timeout_s + ROLE_BACKSTOP_S);
     int rc = fn(d, arg);
     fflush(NULL);
     _exit(rc == 0 ? 0 : 1);
 }
 
-static int reap(pid_t pid, double end, const char *role) {
+/* A role past its deadline is stuck somewhere: say where before killing it, so that a hang
+ * seen once in CI can be found (kernel stacks of every thread, then gdb's, if installed). */
+void role_dump_stacks(pid_t pid, const char *role) {
+    char cmd[512];
+    fprintf(stderr, "---- %s (pid %d) stacks at the deadline ----\n", role, (int)pid);
+    fflush(stderr);
+    snprintf(cmd, sizeof(cmd),
+             "for t in /proc/%d/task/*; do echo \"thread $(basename $t) $(cat $t/comm)"
+             " wchan=$(cat $t/wchan)\"; cat $t/stack 2>/dev/null; done >&2; "
+             "command -v gdb >/dev/null && timeout 60 gdb -p %d -batch -nx"
+             " -ex 'thread apply all bt' 2>&1 | grep -E '^(#|Thread)' >&2",
+             (int)pid, (int)pid);
+    if (system(cmd) < 0) fprintf(stderr, "cannot run the stack dump: %s\n", strerror(errno));
+    fprintf(stderr, "---- end of %s stacks ----\n", role);
+}
+
+int role_reap(pid_t pid, double end, const char *role) {
     int status = 0;
     while (waitpid(pid, &status, WNOHANG) == 0) {
         if (now_s() > end) {
             fprintf(stderr, "%s still running at the deadline: killing it\n", role);
+            role_dump_stacks(pid, role);
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
             return -1;
@@ -269,9 +286,9 @@ int duo_run(duo_fn parent, duo_fn child, void *arg, int timeout_s) {
     close(d.to_child[1]);
     close(d.to_parent[0]);
     close(d.to_parent[1]);
-    double end = now_s() + timeout_s + 5;
-    int r1 = reap(p1, end, "receiver");
-    int r2 = reap(p2, end, "sender");
+    double end = now_s() + timeout_s;
+    int r1 = role_reap(p1, end, "receiver");
+    int r2 = role_reap(p2, end, "sender");
     return r1 || r2 ? -1 : 0;
 }
 

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 struct netapi {
     struct plugin p;
@@ -66,6 +67,12 @@ int duo_run(duo_fn parent, duo_fn child, void *arg, int timeout_s);
 int duo_send(struct duo *d, const void *buf, size_t len);
 int duo_recv(struct duo *d, void *buf, size_t len);
 int duo_barrier(struct duo *d);
+
+/* A role process gets timeout_s from its parent, which dumps its stacks and kills it then; its
+ * own alarm is only the backstop for a parent that died. */
+#define ROLE_BACKSTOP_S 30
+int role_reap(pid_t pid, double end, const char *role); /* 0 when it exited 0 */
+void role_dump_stacks(pid_t pid, const char *role);
 
 /* A scenario's environment, "NAME=VALUE;NAME=VALUE": set (true) or unset (false). */
 void env_apply(const char *env, bool set);
