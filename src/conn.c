@@ -64,9 +64,10 @@ int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t
     c->nqps = nqps;
     c->cq_depth = nqps * (conn_sq_depth(dev, true) + ERDMA_RQ_DEPTH) + 2 * ERDMA_FIFO_DEPTH;
     if (dev->max_cqe > 0 && c->cq_depth > dev->max_cqe) c->cq_depth = dev->max_cqe;
+    errno = 0; /* a provider may fail without setting it (siw: see device.c) */
     c->cq = vb.create_cq(dev->ctx, c->cq_depth, NULL, NULL, 0);
     if (!c->cq) {
-        int err = errno ? errno : ENOMEM;
+        int err = errno ? errno : EIO;
         WARN("%s: ibv_create_cq(%d) failed: %s", dev->name, c->cq_depth, strerror(err));
         return -err;
     }

@@ -290,6 +290,41 @@ static int use_rdmacm_context(struct erdma_device *d) {
     return -ENODEV;
 }
 
+/* siw's userspace provider (rdma-core) reads a queue mmap key of 0x90000 (SIW_INVAL_UOBJ_KEY)
+ * as "no queue", but since siw moved to the core's mmap entries (Linux 5.6) that is a valid key:
+ * the queue mapped at page 0x90 of the context. The kernel hands out pages first-fit per context,
+ * so once ~145 pages of queues are mapped at once (a few comms, several threads), one
+ * create_cq/rdma_create_qp fails with no errno, and every retry lands on the same page again.
+ * A CQ of 32768 entries (1 MiB + its control page: pages 0-256 on a fresh context) made before
+ * anything else holds page 0x90 for the life of librdmacm's context, which is never closed.
+ * Found and checked with a program that creates 200 one-page CQs: #144 on fails without it.
+ * Costs 1 MiB of memory per siw device, and nothing elsewhere (siw is the test rig's iWARP). */
+#define SIW_VENDOR_ID 0x626d74 /* "bmt", siw's vendor id */
+#define SIW_PLUG_CQE  32768
+
+static struct {
+    struct ibv_context *ctx;
+    struct ibv_cq *cq;
+} siw_plugs[ERDMA_MAX_DEVICES];
+
+static void siw_hold_bad_key(struct erdma_device *d, const struct ibv_device_attr *attr) {
+    if (attr->vendor_id != SIW_VENDOR_ID || !d->ctx_from_cm || attr->max_cqe < SIW_PLUG_CQE) return;
+    int i;
+    for (i = 0; i < ERDMA_MAX_DEVICES && siw_plugs[i].ctx; i++)
+        if (siw_plugs[i].ctx == d->ctx) return; /* made by an earlier init of this process */
+    if (i == ERDMA_MAX_DEVICES) return;
+    errno = 0;
+    struct ibv_cq *cq = vb.create_cq(d->ctx, SIW_PLUG_CQE, NULL, NULL, 0);
+    if (!cq) {
+        WARN("%s: cannot make the CQ that keeps siw's bad mmap key unused (%s): a comm may fail "
+             "to open now and then with 'failed: Input/output error'",
+             d->name, errno ? strerror(errno) : "the provider gave no reason");
+        return;
+    }
+    siw_plugs[i].ctx = d->ctx;
+    siw_plugs[i].cq = cq;
+}
+
 /* Opens one device/port and fills everything but the MR cache. -errno to skip it. */
 static int device_open(struct erdma_device *d, struct ibv_device *ibdev, int port,
                        const struct ibv_device_attr *attr, const struct ibv_port_attr *pa,
@@ -335,6 +370,7 @@ static int device_open(struct erdma_device *d, struct ibv_device *ibdev, int por
         rc = use_rdmacm_context(d);
         if (rc) return rc;
     }
+    siw_hold_bad_key(d, attr);
     d->pd = vb.alloc_pd(d->ctx);
     if (!d->pd) {
         WARN("%s: ibv_alloc_pd failed: %s", d->name, strerror(errno));

@@ -43,17 +43,22 @@ int qp_create_stepped(struct qp_ctx *q, struct ibv_cq *cq, int sq_depth, int rq_
     /* eRDMA inlines 96 bytes; some soft devices less: step down rather than fail */
     static const int inline_try[] = {ERDMA_MAX_INLINE, 64, 0};
     struct ibv_qp_init_attr a;
+    int err = 0;
     for (size_t i = 0; i < sizeof(inline_try) / sizeof(inline_try[0]); i++) {
         qp_init_attr(&a, cq, sq_depth, rq_depth, inline_try[i]);
+        errno = 0; /* a provider may fail without setting it (siw: see device.c) */
         struct ibv_qp *qp = make(arg, &a);
-        if (!qp) continue;
+        if (!qp) {
+            err = errno ? errno : EIO; /* not the stale errno of the first, inline, attempt */
+            continue;
+        }
         q->qp = qp;
         q->sq_depth = (int)a.cap.max_send_wr < sq_depth ? (int)a.cap.max_send_wr : sq_depth;
         q->max_inline = (int)a.cap.max_inline_data > ERDMA_MAX_INLINE ? ERDMA_MAX_INLINE
                                                                       : (int)a.cap.max_inline_data;
         return 0;
     }
-    return errno ? -errno : -ENOMEM;
+    return -err;
 }
 
 static struct ibv_qp *make_verbs_qp(void *pd, struct ibv_qp_init_attr *a) {

@@ -9,7 +9,6 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <pthread.h>
 #include <string.h>
 
 struct verbs_api vb;
@@ -27,71 +26,6 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 
 static int wrap_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
     return ibv_poll_cq(cq, n, wc);
-}
-
-/* Creation and destruction of CQs and QPs, one thread at a time per process. With several
- * threads each opening and closing its own comms at once, siw (soft-iWARP) failed now and
- * then: rdma_create_qp with EINVAL, ibv_create_cq with ENOMEM (about one run in two of four
- * threads; none in a dozen once these calls were serialised). They happen only when comms
- * open and close, never on the data path, so the lock costs nothing that matters. */
-static pthread_mutex_t objects_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct verbs_api real; /* what the locked wrappers call */
-
-#define LOCKED(call)                                                                               \
-    do {                                                                                           \
-        pthread_mutex_lock(&objects_lock);                                                         \
-        ret = call;                                                                                \
-        int saved = errno; /* the caller reads errno after a failure */                            \
-        pthread_mutex_unlock(&objects_lock);                                                       \
-        errno = saved;                                                                             \
-    } while (0)
-
-static struct ibv_cq *locked_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
-                                       struct ibv_comp_channel *ch, int vector) {
-    struct ibv_cq *ret;
-    LOCKED(real.create_cq(ctx, cqe, cq_context, ch, vector));
-    return ret;
-}
-
-static int locked_destroy_cq(struct ibv_cq *cq) {
-    int ret;
-    LOCKED(real.destroy_cq(cq));
-    return ret;
-}
-
-static struct ibv_qp *locked_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) {
-    struct ibv_qp *ret;
-    LOCKED(real.create_qp(pd, attr));
-    return ret;
-}
-
-static int locked_destroy_qp(struct ibv_qp *qp) {
-    int ret;
-    LOCKED(real.destroy_qp(qp));
-    return ret;
-}
-
-static int locked_cm_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd,
-                               struct ibv_qp_init_attr *attr) {
-    int ret;
-    LOCKED(real.cm_create_qp(id, pd, attr));
-    return ret;
-}
-
-static void locked_cm_destroy_qp(struct rdma_cm_id *id) {
-    pthread_mutex_lock(&objects_lock);
-    real.cm_destroy_qp(id);
-    pthread_mutex_unlock(&objects_lock);
-}
-
-static void install_locked(void) {
-    real = vb;
-    vb.create_cq = locked_create_cq;
-    vb.destroy_cq = locked_destroy_cq;
-    vb.create_qp = locked_create_qp;
-    vb.destroy_qp = locked_destroy_qp;
-    if (vb.cm_create_qp) vb.cm_create_qp = locked_cm_create_qp;
-    if (vb.cm_destroy_qp) vb.cm_destroy_qp = locked_cm_destroy_qp;
 }
 
 #define LOAD(handle, field, sym, required)                                                         \
@@ -198,7 +132,6 @@ int verbs_open(void) {
     int rc = load_ibverbs();
     if (rc) return rc;
     load_rdmacm();
-    install_locked();
     return 0;
 }
 
