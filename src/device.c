@@ -329,6 +329,7 @@ static int device_open(struct erdma_device *d, struct ibv_device *ibdev, int por
     d->guid = attr->node_guid;
     d->max_qp_wr = attr->max_qp_wr < ERDMA_MAX_SQ_WR ? attr->max_qp_wr : ERDMA_MAX_SQ_WR;
     d->max_cqe = attr->max_cqe;
+    d->sends_in_syscall = attr->vendor_id == SIW_VENDOR_ID;
     d->max_msg_sz = pa->max_msg_sz ? pa->max_msg_sz : (1u << 30);
     int rc = choose_modes(d);
     if (rc) return rc;
