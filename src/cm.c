@@ -13,12 +13,14 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 
 #define CM_RESOLVE_MS   5000
 #define CM_PORT_RETRIES 16
+/* iw_cm holds no more pending requests than the listener's backlog: with 1, a request queued
+ * ahead of our own loopback's would crowd it out; a few slots let strangers be rejected */
+#define FLUSH_BACKLOG 8
 
 static int cm_channel_open(struct rdma_event_channel **out) {
     struct rdma_event_channel *ch = vb.cm_create_event_channel();
@@ -391,7 +393,7 @@ int cm_flush_start(struct recv_comm *rc) {
     addr.sin_port = 0;
     if (vb.cm_create_id(rc->flush_ch, &rc->flush_listen, NULL, RDMA_PS_TCP) ||
         vb.cm_bind_addr(rc->flush_listen, (struct sockaddr *)&addr) ||
-        vb.cm_listen(rc->flush_listen, 1) ||
+        vb.cm_listen(rc->flush_listen, FLUSH_BACKLOG) ||
         vb.cm_create_id(rc->flush_ch, &active, NULL, RDMA_PS_TCP))
         goto err_errno;
     rc->flush_qp.cm_id = active;
@@ -423,6 +425,10 @@ int cm_flush_progress(struct recv_comm *rc) {
         }
     }
     if (rc->flush_up < 2) return ret < 0 ? ret : 0;
+    /* its listener goes now: for the rest of the comm's life nothing can knock at it, and
+     * requests still queued there are refused with it */
+    vb.cm_destroy_id(rc->flush_listen);
+    rc->flush_listen = NULL;
     rc->flush_ready = true;
     return 1;
 }
@@ -454,26 +460,22 @@ int cm_poll_disconnect(struct conn *c) {
 }
 
 /* iWARP completes a send once it is handed to TCP, not when the peer has it: tearing the
- * connection down abruptly (destroy_id alone resets it) can lose the last messages. Ask for
- * a graceful disconnect and give the close handshake a bounded moment to finish. */
-void cm_disconnect_all(struct conn *c) {
+ * connection down abruptly (destroy_id alone resets it) can lose the last messages. The close
+ * asks for a graceful disconnect and gives its handshake a bounded moment (conn.c, on the
+ * reaper thread). */
+int cm_disconnect_start(struct conn *c) {
     int pending = 0;
     for (int i = 0; i < c->nqps; i++) {
         if (c->qps[i].cm_id && c->qps[i].qp && vb.cm_disconnect(c->qps[i].cm_id) == 0) pending++;
     }
-    if (!c->cm_ch) return;
-    uint64_t deadline = now_ns() + 1000000000ull;
-    while (pending > 0 && now_ns() < deadline) {
-        struct rdma_cm_event *ev;
-        int ret = cm_next_event(c->cm_ch, &ev);
-        if (ret < 0) break;
-        if (ret == 0) { /* sleep until the next event instead of spinning in NCCL's thread */
-            uint64_t t = now_ns();
-            struct pollfd p = {.fd = c->cm_ch->fd, .events = POLLIN};
-            if (t < deadline) poll(&p, 1, (int)((deadline - t) / 1000000ull) + 1);
-            continue;
-        }
+    return c->cm_ch ? pending : 0;
+}
+
+int cm_disconnect_progress(struct conn *c, int pending) {
+    struct rdma_cm_event *ev;
+    while (pending > 0 && cm_next_event(c->cm_ch, &ev) == 1) {
         if (ev->event == RDMA_CM_EVENT_DISCONNECTED) pending--;
         vb.cm_ack_cm_event(ev);
     }
+    return pending;
 }

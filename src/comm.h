@@ -7,6 +7,7 @@
 #define ERDMA_COMM_H
 
 #include "device.h"
+#include "reap.h"
 #include "stats.h"
 #include "wire.h"
 
@@ -84,6 +85,12 @@ struct conn {
     unsigned port_downs;
     struct rdma_event_channel *cm_ch;
     struct stats_conn stats; /* registered once the connection is up */
+    /* rdma_cm mode: the teardown after close, finished on the reaper thread (conn.c) */
+    struct reap_item reap;
+    int td_stage;
+    int td_pending; /* disconnects still to be reported */
+    uint64_t td_deadline;
+    void (*td_release)(struct conn *c); /* destroys and frees the comm once that is done */
 };
 
 struct send_slot {
@@ -182,6 +189,11 @@ int p2p_send_warmup_again(struct send_comm *sc); /* when due; 0 or -errno */
 int p2p_recv_warmup_done(struct recv_comm *rc);  /* 1 done, 0 not yet, -errno */
 /* Stops the profiler events still open on a comm being destroyed. */
 void p2p_prof_close(struct conn *c);
+/* Closes a connection end: what is NCCL's (counters, profiler events) at once, then the rest
+ * through release(): at once too, or on the reaper thread when an rdma_cm peer is owed a
+ * graceful goodbye. */
+void conn_release(struct conn *c, void (*release)(struct conn *c));
+/* Destroys what conn_alloc_common and the connect/accept paths made; never waits. */
 void conn_destroy_common(struct conn *c);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,13 +92,6 @@ int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t
 }
 
 void conn_destroy_common(struct conn *c) {
-    /* iWARP completes a send when it reaches TCP, so a peer that tears its QPs down right
-     * after its last completion can flush a message the other side has not finished with:
-     * in rdma_cm mode both ends say goodbye first (bounded, so teardown never hangs). */
-    if (c->cm_ch && c->fd >= 0 && !c->error) oob_goodbye(c->fd, 300);
-    stats_conn_close(&c->stats);
-    p2p_prof_close(c);
-    cm_disconnect_all(c);
     for (int i = 0; i < c->nqps; i++)
         qp_destroy(&c->qps[i]);
     if (c->ctrl_mr) vb.dereg_mr(c->ctrl_mr);
@@ -110,6 +104,68 @@ void conn_destroy_common(struct conn *c) {
     c->cq = NULL;
     c->cm_ch = NULL;
     c->fd = -1;
+}
+
+#define GOODBYE_WAIT_NS    300000000ull  /* for the peer's goodbye */
+#define DISCONNECT_WAIT_NS 1000000000ull /* for the disconnect handshake */
+
+enum { TD_BYE = 0, TD_WAIT_BYE, TD_DISCONNECT, TD_WAIT_DISCONNECT };
+
+/* iWARP completes a send when it reaches TCP, so a peer that tears its QPs down right after
+ * its last completion can flush a message the other side has not finished with: in rdma_cm
+ * mode both ends say goodbye and wait (bounded) for the other's, then disconnect gracefully
+ * and give that a bounded moment too. Up to ~1.3 s when the peer has not closed yet: this
+ * runs on the reaper thread, never in NCCL's. */
+static int conn_teardown_step(struct reap_item *it, int *fd, uint64_t *wake_ns) {
+    struct conn *c = (struct conn *)((char *)it - offsetof(struct conn, reap));
+    uint64_t t = now_ns();
+    switch (c->td_stage) {
+    case TD_BYE:
+        c->td_stage = TD_DISCONNECT;
+        if (c->fd >= 0 && !c->error && oob_goodbye_send(c->fd) == 0) {
+            c->td_stage = TD_WAIT_BYE;
+            c->td_deadline = t + GOODBYE_WAIT_NS;
+        }
+        /* fall through */
+    case TD_WAIT_BYE:
+        if (c->td_stage == TD_WAIT_BYE) {
+            if (!oob_goodbye_seen(c->fd) && t < c->td_deadline) {
+                *fd = c->fd;
+                *wake_ns = c->td_deadline;
+                return 0;
+            }
+            c->td_stage = TD_DISCONNECT;
+        }
+        /* fall through */
+    case TD_DISCONNECT:
+        c->td_pending = cm_disconnect_start(c);
+        c->td_deadline = t + DISCONNECT_WAIT_NS;
+        c->td_stage = TD_WAIT_DISCONNECT;
+        /* fall through */
+    case TD_WAIT_DISCONNECT:
+        c->td_pending = cm_disconnect_progress(c, c->td_pending);
+        if (c->td_pending > 0 && t < c->td_deadline) {
+            *fd = c->cm_ch->fd;
+            *wake_ns = c->td_deadline;
+            return 0;
+        }
+    }
+    c->td_release(c);
+    return 1;
+}
+
+void conn_release(struct conn *c, void (*release)(struct conn *c)) {
+    stats_conn_close(&c->stats);
+    p2p_prof_close(c);
+    if (!c->cm_ch) { /* no goodbye owed: GID mode, or an rdma_cm end not connected yet */
+        cm_disconnect_start(c);
+        release(c);
+        return;
+    }
+    c->td_release = release;
+    c->td_stage = TD_BYE;
+    c->reap.step = conn_teardown_step;
+    reap_defer(&c->reap);
 }
 
 /* ------------------------------------------------------------ listen */
@@ -216,10 +272,13 @@ static void connect_state_free(struct connect_state *st) {
     free(st);
 }
 
+static void send_comm_release(struct conn *c) {
+    conn_destroy_common(c);
+    free((struct send_comm *)c); /* the conn is its first member */
+}
+
 static void send_comm_free(struct send_comm *sc) {
-    if (!sc) return;
-    conn_destroy_common(&sc->c);
-    free(sc);
+    if (sc) conn_release(&sc->c, send_comm_release);
 }
 
 static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
@@ -519,12 +578,16 @@ struct accept_state {
     size_t io_done;
 };
 
-static void recv_comm_free(struct recv_comm *rc) {
-    if (!rc) return;
+static void recv_comm_release(struct conn *c) {
+    struct recv_comm *rc = (struct recv_comm *)c; /* the conn is its first member */
     qp_destroy(&rc->flush_qp);
     cm_flush_release(rc);
     conn_destroy_common(&rc->c);
     free(rc);
+}
+
+static void recv_comm_free(struct recv_comm *rc) {
+    if (rc) conn_release(&rc->c, recv_comm_release);
 }
 
 static bool flush_wanted(const struct erdma_device *dev) {

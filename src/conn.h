@@ -42,7 +42,11 @@ int cm_flush_progress(struct recv_comm *rc);
 void cm_flush_release(struct recv_comm *rc);
 /* Drains the comm's rdma_cm events: -ECONNRESET once the peer disconnected, else 0. */
 int cm_poll_disconnect(struct conn *c);
-void cm_disconnect_all(struct conn *c);
+/* Starts the graceful disconnect of every connected QP; returns how many will report it on
+ * the comm's own event channel (0 without one). */
+int cm_disconnect_start(struct conn *c);
+/* Reads the comm's events without blocking; returns the disconnects still to come. */
+int cm_disconnect_progress(struct conn *c, int pending);
 /* Flush loopback for rdma_cm devices: connect a QP to ourselves through lc's listener. */
 
 #endif

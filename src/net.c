@@ -12,6 +12,7 @@
 #include "mtu_guard.h"
 #include "params.h"
 #include "prof.h"
+#include "reap.h"
 #include "stats.h"
 #include "topo.h"
 #include "verbs.h"
@@ -99,6 +100,7 @@ out:
 
 static void release_all(void) {
     erdma_connect_sweep(); /* abandoned connects hold QPs, CQs and MRs of the devices */
+    reap_drain();          /* closed comms still saying goodbye hold them too */
     stats_stop();          /* the INFO line per device and the last file, while names are valid */
     async_stop();          /* before the devices it watches */
     devices_release();

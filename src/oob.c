@@ -153,11 +153,17 @@ int oob_recv_progress(int fd, void *buf, size_t len, size_t *done) {
     return 1;
 }
 
-void oob_goodbye(int fd, int wait_ms) {
-    char bye = OOB_BYE, c;
-    if (send(fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) return;
+int oob_goodbye_send(int fd) {
+    char bye = OOB_BYE;
+    return send(fd, &bye, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1 ? 0 : -EIO;
+}
+
+int oob_goodbye_seen(int fd) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, wait_ms) > 0 && (p.revents & POLLIN)) (void)!recv(fd, &c, 1, MSG_DONTWAIT);
+    char c;
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & POLLIN) (void)!recv(fd, &c, 1, MSG_DONTWAIT);
+    return 1;
 }
 
 int oob_peer_alive(int fd) {

@@ -22,8 +22,11 @@ int oob_send_progress(int fd, const void *buf, size_t len, size_t *done);
 int oob_recv_progress(int fd, void *buf, size_t len, size_t *done);
 /* Sent by a closing comm; oob_peer_alive() reads it as "the peer is closing". */
 #define OOB_BYE 'B'
-/* Tells the peer we are closing and waits up to wait_ms for its goodbye (or EOF). */
-void oob_goodbye(int fd, int wait_ms);
+/* Tells the peer we are closing: 0 when sent. */
+int oob_goodbye_send(int fd);
+/* 1 once the peer's goodbye (or EOF, or an error) is there to read, and reads it; else 0.
+ * Never blocks. */
+int oob_goodbye_seen(int fd);
 /* 0 while nothing happened, OOB_PEER_CLOSING once the peer said goodbye (a normal close),
  * -ECONNRESET when it went away without one or the socket failed, -EPROTO for any other byte.
  * Never blocks. */

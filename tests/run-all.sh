@@ -73,7 +73,7 @@ if [ "${ERDMA_SKIP_TSAN:-0}" != 1 ]; then
   # at once (vm_threads), and the async-event thread through a port flap (vm_async).
   build "$TSAN_BUILD" -DERDMA_TSAN=ON -DERDMA_FUZZ=OFF
   # the async thread over fake verbs on the host (two ports of one context, a link flap)
-  if ! TSAN_OPTIONS=halt_on_error=1 ctest --no-tests=error --test-dir "$TSAN_BUILD" -R '^unit_device$' --output-on-failure 2>&1 | tee "$LOGDIR/unit-tsan.log"; then fail=1; fi
+  if ! TSAN_OPTIONS=halt_on_error=1 ctest --no-tests=error --test-dir "$TSAN_BUILD" -R '^unit_(device|reap)$' --output-on-failure 2>&1 | tee "$LOGDIR/unit-tsan.log"; then fail=1; fi
   check_log "$LOGDIR/unit-tsan.log"
   if ! tests/vm/run-in-rdma-vm.sh env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
       ctest --no-tests=error --test-dir "$TSAN_BUILD" -R '^vm_(threads|async)$' --output-on-failure 2>&1 | tee "$LOGDIR/vm-tsan.log"; then fail=1; fi
