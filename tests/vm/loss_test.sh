@@ -10,4 +10,8 @@ ITEST_LOSS=1 "$1" || rc=$?
 # the test removes its qdiscs itself; this only matters after a crash
 tc qdisc del dev vl0 root 2>/dev/null || true
 tc qdisc del dev lo root 2>/dev/null || true
+# and the rig goes too: left in place, a later test in the same boot sees 4 RDMA devices
+rdma link delete rxl0 2>/dev/null || true
+rdma link delete rxl1 2>/dev/null || true
+ip link del vl0 2>/dev/null || true
 exit $rc
