@@ -60,6 +60,16 @@ static int cm_fail(const struct erdma_device *dev, const char *peer, struct rdma
     }
 }
 
+/* rdma_connect / rdma_accept: siw sends its MPA exchange inside them (verbs.h). */
+static int cm_connect_quiet(const struct erdma_device *dev, struct rdma_cm_id *id,
+                            struct rdma_conn_param *param, bool accept) {
+    struct quiet_pipe q;
+    quiet_pipe_begin(&q, dev->sends_in_syscall);
+    int ret = accept ? vb.cm_accept(id, param) : vb.cm_connect(id, param);
+    quiet_pipe_end(&q);
+    return ret;
+}
+
 struct cm_qp_maker {
     struct rdma_cm_id *id;
     struct ibv_pd *pd;
@@ -182,7 +192,7 @@ static int connect_handle_event(struct send_comm *sc, struct rdma_cm_event *ev, 
         rc = cm_create_qp(ev->id, c, true, &c->qps[i]);
         if (rc) break;
         conn_param(&param, &priv);
-        if (vb.cm_connect(ev->id, &param)) {
+        if (cm_connect_quiet(dev, ev->id, &param, false)) {
             rc = -errno;
             /* the source port rdma_cm chose is held by a TIME-WAIT socket: new id, new port */
             if (rc == -EADDRINUSE && ++sc->cm_retries <= CM_PORT_RETRIES) {
@@ -280,7 +290,7 @@ static int accept_request(struct listen_comm *lc, struct recv_comm *rc, struct r
     }
     struct rdma_conn_param param;
     conn_param(&param, NULL);
-    if (vb.cm_accept(ev->id, &param)) {
+    if (cm_connect_quiet(dev, ev->id, &param, true)) {
         ret = -errno;
         WARN("%s: rdma_accept for %s failed: %s", dev->name, peer, strerror(-ret));
         return ret;
@@ -345,7 +355,7 @@ static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, struct rd
     case RDMA_CM_EVENT_ROUTE_RESOLVED:
         ret = cm_create_qp(ev->id, c, false, &rc->flush_qp);
         conn_param(&param, NULL);
-        if (!ret && vb.cm_connect(ev->id, &param)) ret = -errno;
+        if (!ret && cm_connect_quiet(c->base.dev, ev->id, &param, false)) ret = -errno;
         break;
     case RDMA_CM_EVENT_CONNECT_REQUEST:
         if (!flush_request_is_ours(rc, ev)) {
@@ -359,7 +369,7 @@ static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, struct rd
         }
         ret = cm_create_qp(ev->id, c, false, &rc->flush_peer);
         conn_param(&param, NULL);
-        if (!ret && vb.cm_accept(ev->id, &param)) ret = -errno;
+        if (!ret && cm_connect_quiet(c->base.dev, ev->id, &param, true)) ret = -errno;
         break;
     case RDMA_CM_EVENT_ESTABLISHED:
         if (ev->id == rc->flush_qp.cm_id || ev->id == rc->flush_peer.cm_id) rc->flush_up++;

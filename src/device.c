@@ -296,33 +296,21 @@ static int use_rdmacm_context(struct erdma_device *d) {
  * so once ~145 pages of queues are mapped at once (a few comms, several threads), one
  * create_cq/rdma_create_qp fails with no errno, and every retry lands on the same page again.
  * A CQ of 32768 entries (1 MiB + its control page: pages 0-256 on a fresh context) made before
- * anything else holds page 0x90 for the life of librdmacm's context, which is never closed.
+ * anything else holds page 0x90 while the plugin is initialised (released with the devices, so
+ * that a reload does not stack plugs).
  * Found and checked with a program that creates 200 one-page CQs: #144 on fails without it.
  * Costs 1 MiB of memory per siw device, and nothing elsewhere (siw is the test rig's iWARP). */
 #define SIW_VENDOR_ID 0x626d74 /* "bmt", siw's vendor id */
 #define SIW_PLUG_CQE  32768
 
-static struct {
-    struct ibv_context *ctx;
-    struct ibv_cq *cq;
-} siw_plugs[ERDMA_MAX_DEVICES];
-
 static void siw_hold_bad_key(struct erdma_device *d, const struct ibv_device_attr *attr) {
     if (attr->vendor_id != SIW_VENDOR_ID || !d->ctx_from_cm || attr->max_cqe < SIW_PLUG_CQE) return;
-    int i;
-    for (i = 0; i < ERDMA_MAX_DEVICES && siw_plugs[i].ctx; i++)
-        if (siw_plugs[i].ctx == d->ctx) return; /* made by an earlier init of this process */
-    if (i == ERDMA_MAX_DEVICES) return;
     errno = 0;
-    struct ibv_cq *cq = vb.create_cq(d->ctx, SIW_PLUG_CQE, NULL, NULL, 0);
-    if (!cq) {
+    d->siw_plug = vb.create_cq(d->ctx, SIW_PLUG_CQE, NULL, NULL, 0);
+    if (!d->siw_plug)
         WARN("%s: cannot make the CQ that keeps siw's bad mmap key unused (%s): a comm may fail "
-             "to open now and then with 'failed: Input/output error'",
+             "to open now and then with 'Input/output error'",
              d->name, errno ? strerror(errno) : "the provider gave no reason");
-        return;
-    }
-    siw_plugs[i].ctx = d->ctx;
-    siw_plugs[i].cq = cq;
 }
 
 /* Opens one device/port and fills everything but the MR cache. -errno to skip it. */
@@ -341,6 +329,7 @@ static int device_open(struct erdma_device *d, struct ibv_device *ibdev, int por
     d->guid = attr->node_guid;
     d->max_qp_wr = attr->max_qp_wr < ERDMA_MAX_SQ_WR ? attr->max_qp_wr : ERDMA_MAX_SQ_WR;
     d->max_cqe = attr->max_cqe;
+    d->sends_in_syscall = attr->vendor_id == SIW_VENDOR_ID;
     d->max_msg_sz = pa->max_msg_sz ? pa->max_msg_sz : (1u << 30);
     int rc = choose_modes(d);
     if (rc) return rc;
@@ -370,7 +359,6 @@ static int device_open(struct erdma_device *d, struct ibv_device *ibdev, int por
         rc = use_rdmacm_context(d);
         if (rc) return rc;
     }
-    siw_hold_bad_key(d, attr);
     d->pd = vb.alloc_pd(d->ctx);
     if (!d->pd) {
         WARN("%s: ibv_alloc_pd failed: %s", d->name, strerror(errno));
@@ -383,6 +371,7 @@ static int device_open(struct erdma_device *d, struct ibv_device *ibdev, int por
         d->pd = NULL;
         return -ENOMEM;
     }
+    siw_hold_bad_key(d, attr); /* nothing above maps a queue */
     return 0;
 }
 
@@ -543,6 +532,7 @@ void devices_release(void) {
     for (int i = 0; i < ndevices; i++) {
         struct erdma_device *d = &devices[i];
         mr_cache_destroy(d->mrs);
+        if (d->siw_plug) vb.destroy_cq(d->siw_plug);
         if (d->pd) vb.dealloc_pd(d->pd);
         /* several ports of one device share the context: close it once */
         bool shared_later = false;

@@ -58,6 +58,8 @@ struct erdma_device {
     /* Counts port-down events: a connection made before the last one is broken even once
      * the port is active again (its QPs went to the error state), a later one is not. */
     unsigned port_downs;
+    bool sends_in_syscall;   /* siw: posting may raise SIGPIPE in our thread (verbs.h) */
+    struct ibv_cq *siw_plug; /* siw only: holds the mmap page its provider misreads (device.c) */
     int rail; /* from NCCL_IB_HCA's dev:port:rail:plane, else -1 (NCCL_NET_ID_UNDEF) */
     int plane;
 };

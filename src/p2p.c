@@ -99,6 +99,16 @@ static const char *wc_hint(enum ibv_wc_status s) {
 }
 
 /* First failure wins: later completions are usually flushes caused by it. */
+/* Every post of a send-queue work request: siw may raise SIGPIPE in it (verbs.h). */
+static int post_send(struct conn *c, struct ibv_qp *qp, struct ibv_send_wr *wr,
+                     struct ibv_send_wr **bad) {
+    struct quiet_pipe q;
+    quiet_pipe_begin(&q, c->base.dev->sends_in_syscall);
+    int ret = verbs_errno(vb.post_send(qp, wr, bad));
+    quiet_pipe_end(&q);
+    return ret;
+}
+
 static int conn_fail(struct conn *c, int err) {
     if (!c->error) c->error = err;
     return c->error;
@@ -288,7 +298,7 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
                         .rkey = rc->c.remote_ctrl_rkey},
         };
     }
-    int ret = verbs_errno(vb.post_send(qp->qp, wrs, &bad));
+    int ret = post_send(&rc->c, qp->qp, wrs, &bad);
     if (ret) {
         WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
              qp->qp->qp_num, rc->c.peer, strerror(-ret));
@@ -457,7 +467,7 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
             while (len > 0) {
                 uint32_t piece = len < c->max_msg ? (uint32_t)len : c->max_msg;
                 if (nwr == 63) { /* keep one entry for the record */
-                    int ret = verbs_errno(vb.post_send(q->qp, wrs, &bad));
+                    int ret = post_send(c, q->qp, wrs, &bad);
                     if (ret) goto post_failed;
                     nwr = 0;
                 }
@@ -516,7 +526,7 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
             if (nwr > 0) wrs[nwr - 1].next = w;
             total++;
         }
-        int ret = verbs_errno(vb.post_send(q->qp, wrs, &bad));
+        int ret = post_send(c, q->qp, wrs, &bad);
         if (ret) goto post_failed;
         qp_sq_push(q, total, true);
         stats_add(&c->stats.c.wrs_posted, (uint64_t)total);
@@ -656,7 +666,7 @@ static int post_warmups(struct send_comm *sc) {
                                  .opcode = IBV_WR_SEND,
                                  .send_flags = IBV_SEND_SIGNALED},
                            *bad;
-        int ret = verbs_errno(vb.post_send(sc->c.qps[q].qp, &wr, &bad));
+        int ret = post_send(&sc->c, sc->c.qps[q].qp, &wr, &bad);
         if (ret) {
             WARN("%s: posting the warm-up send on QP %u to %s failed: %s", sc->c.base.dev->name,
                  sc->c.qps[q].qp->qp_num, sc->c.peer, strerror(-ret));
@@ -860,7 +870,7 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
                                            .rkey = mr->mr->rkey},
                            },
                        *bad;
-    int ret = verbs_errno(vb.post_send(rc->flush_qp.qp, &wr, &bad));
+    int ret = post_send(&rc->c, rc->flush_qp.qp, &wr, &bad);
     if (ret) {
         req->type = REQ_FREE;
         WARN("%s: posting the flush read failed: %s", rc->c.base.dev->name, strerror(-ret));

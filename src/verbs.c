@@ -8,6 +8,7 @@
 #include "params.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <errno.h>
 #include <string.h>
 
@@ -26,6 +27,33 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 
 static int wrap_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
     return ibv_poll_cq(cq, n, wc);
+}
+
+void quiet_pipe_begin(struct quiet_pipe *q, bool on) {
+    q->on = on;
+    if (!on) return;
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &q->old);
+    sigpending(&pending);
+    q->was_pending = sigismember(&pending, SIGPIPE); /* not ours to discard */
+}
+
+void quiet_pipe_end(struct quiet_pipe *q) {
+    if (!q->on) return;
+    int saved = errno; /* the caller reads the call's errno after this */
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigpending(&pending);
+    if (!q->was_pending && sigismember(&pending, SIGPIPE)) {
+        struct timespec now = {0, 0};
+        while (sigtimedwait(&pipe, NULL, &now) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &q->old, NULL);
+    errno = saved;
 }
 
 #define LOAD(handle, field, sym, required)                                                         \

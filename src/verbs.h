@@ -8,6 +8,8 @@
 #define ERDMA_VERBS_H
 
 #include <infiniband/verbs.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <rdma/rdma_cma.h>
 
 struct verbs_api {
@@ -80,6 +82,19 @@ void verbs_close(void);
 /* Unit tests: use this table instead of the libraries. */
 void verbs_install_fake(const struct verbs_api *fake);
 int verbs_have_rdmacm(void);
+
+/* siw (soft-iWARP) sends on its TCP socket inside the caller's own ibv_post_send, rdma_connect
+ * and rdma_accept, without MSG_NOSIGNAL: when the peer's socket has just gone, the kernel
+ * raises SIGPIPE in the calling thread, which kills a process that does not ignore it (C
+ * programs do not; Python does). The failure itself reaches us anyway, as a completion error
+ * or a connection event. So for such devices the call runs with SIGPIPE blocked, and one
+ * raised during it is discarded. `on` false: nothing is done (every other device). */
+struct quiet_pipe {
+    bool on, was_pending;
+    sigset_t old;
+};
+void quiet_pipe_begin(struct quiet_pipe *q, bool on);
+void quiet_pipe_end(struct quiet_pipe *q);
 
 /* Provider calls have been seen to return negative errno values: normalise to -errno. */
 static inline int verbs_errno(int rc) {

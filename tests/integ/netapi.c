@@ -2,6 +2,7 @@
 #include "netapi.h"
 
 #include <errno.h>
+#include <execinfo.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -228,12 +229,24 @@ int duo_barrier(struct duo *d) {
     return duo_recv(d, &c, 1);
 }
 
+/* A SIGPIPE kills a role with no word of where it came from: print the stack first (the
+ * plugin sends with MSG_NOSIGNAL; a kernel driver sending in our syscall may not). */
+static void sigpipe_report(int sig) {
+    static const char msg[] = "SIGPIPE in this role, raised here:\n";
+    void *frames[64];
+    if (write(2, msg, sizeof(msg) - 1) < 0) _exit(0x7d);
+    backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 /* Both roles run in fresh child processes: a role that fails half-way can leave the
  * plugin loaded and initialised, and verbs objects must never be inherited across fork(). */
 static pid_t spawn(struct duo *d, duo_fn fn, void *arg, int is_child, int timeout_s) {
     pid_t pid = fork();
     if (pid != 0) return pid;
     d->is_child = is_child;
+    signal(SIGPIPE, sigpipe_report);
     alarm((unsigned)timeout_s + ROLE_BACKSTOP_S);
     int rc = fn(d, arg);
     fflush(NULL);
