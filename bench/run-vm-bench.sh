@@ -15,13 +15,16 @@
 #   LAT_ITERS [1000]  LAT_ROUNDS [3]  BW_ROUNDS [3]  LAT_DEPTH [8 receives posted]  WINDOW [16]  API [12]
 #   BENCH_EXTRA [extra erdma_bench flags]
 #   FLOOR_MODE [imm+cts]  verbs_floor's mode: imm+cts (batched clear-to-sends) or netib
-#                         (net_ib's algorithm: one inlined clear-to-send per receive)
+#                         (net_ib's algorithm: one inlined clear-to-send per receive; its
+#                         latency with LAT_DEPTH receives posted, and its bandwidth too,
+#                         with WINDOW receives posted ahead, the plugin bench's window)
 # Latency drifts by 20-40 % within one boot of the emulated VM, and bandwidth
 # drops by as much for seconds at a time, so both are measured in rounds
 # (LAT_ROUNDS, BW_ROUNDS), perftest and plugin alternating, and the table gives
 # each side's median with the range of the per-round ratios. On RoCE
-# devices each round also runs verbs_floor: the plugin's protocol in raw verbs
-# (write-with-immediate + batched clear-to-sends), the floor the plugin can reach.
+# devices each latency round also runs verbs_floor: the plugin's protocol in raw
+# verbs (write-with-immediate + clear-to-sends), the floor the plugin can reach;
+# with FLOOR_MODE=netib each bandwidth round runs its bandwidth mode as well.
 #   PERFTEST_TRIES [3]  perftest retries a failed run (emulated clocks make it exit 1)
 set -euo pipefail
 
@@ -44,7 +47,7 @@ if [ "${1:-}" != --inside ]; then
   for f in "$BUILD_DIR/bench/erdma_bench" "$BUILD_DIR/bench/verbs_floor" "$BUILD_DIR/src/libnccl-net-erdma.so"; do
     [ -e "$f" ] || { echo "missing $f: build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR -j2)" >&2; exit 2; }
   done
-  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${LAT_SIZES:+ LAT_SIZES='$LAT_SIZES'}${LAT_ROUNDS:+ LAT_ROUNDS=$LAT_ROUNDS}${BW_ROUNDS:+ BW_ROUNDS=$BW_ROUNDS}${LAT_ITERS:+ LAT_ITERS=$LAT_ITERS}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${FLOOR_MODE:+ FLOOR_MODE=$FLOOR_MODE}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
+  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${LAT_SIZES:+ LAT_SIZES='$LAT_SIZES'}${LAT_ROUNDS:+ LAT_ROUNDS=$LAT_ROUNDS}${BW_ROUNDS:+ BW_ROUNDS=$BW_ROUNDS}${LAT_ITERS:+ LAT_ITERS=$LAT_ITERS}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${WINDOW:+ WINDOW=$WINDOW}${BW_BYTES:+ BW_BYTES=$BW_BYTES}${FLOOR_MODE:+ FLOOR_MODE=$FLOOR_MODE}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
   if [ -n "$OUT_FILE" ]; then
     mkdir -p "$(dirname "$OUT_FILE")"
     tests/vm/run-in-rdma-vm.sh bench/run-vm-bench.sh --inside "${@:-rxe0 siw0}" | tee "$OUT_FILE"
@@ -150,9 +153,12 @@ plugin_bench() {
   return $rc
 }
 
+# verbs_floor's bandwidth is net_ib's algorithm only (-m netib -b).
+has_bw_floor() { has_floor "$1" && [ "$FLOOR_MODE" = netib ]; }
+
 # Fills, for one device, the lists (one figure per round, "-" where a run failed)
 # BWP[size] / BWX[size] (perftest / plugin bandwidth), LATPS[size] / LATXS[size] (latency)
-# and LATFS[size] (the raw-verbs floor's latency).
+# and LATFS[size] / BWF[size] (the raw-verbs floor's latency / bandwidth).
 measure() {
   local dev=$1 s b n out r
   PLUGIN_RC[$dev]=0
@@ -164,6 +170,13 @@ measure() {
       out=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 4 {print $4; exit}' | finite)
       BWP[$b]+=" ${out:--}"
       echo "   $s: ${BWP[$b]} MB/s" >&2
+      if has_bw_floor "$dev"; then # net_ib's algorithm in raw verbs, in the same round, with
+        # as many receives posted ahead as the plugin bench keeps requests in flight (-w)
+        out=$(timeout 150 "$FLOOR" -d "$dev" -m netib -b -s "$b" -n "$n" -D "$WINDOW" 2>&1) || out=
+        out=$(echo "$out" | awk -v b="$b" '$1 == "netib-bw" && $2 == b {print $4; exit}' | finite)
+        BWF[$b]+=" ${out:--}"
+        echo "   $s: floor ${BWF[$b]} MB/s" >&2
+      fi
     done
     plugin_bench "$dev" bw || { PLUGIN_RC[$dev]=$?; break; }
   done
@@ -176,8 +189,7 @@ measure() {
       LATPS[$b]+=" ${out:--}" # "-" keeps the rounds aligned when perftest failed
       echo "   $s: ${LATPS[$b]:-FAILED} us" >&2
       if has_floor "$dev"; then # the protocol's raw-verbs floor, in the same round
-        depth=(-D "$LAT_DEPTH"); [ "$FLOOR_MODE" = netib ] && depth=() # netib has no batches
-        out=$(timeout 150 "$FLOOR" -d "$dev" -m "$FLOOR_MODE" -s "$b" -n "$LAT_ITERS" "${depth[@]}" 2>&1) || out=
+        out=$(timeout 150 "$FLOOR" -d "$dev" -m "$FLOOR_MODE" -s "$b" -n "$LAT_ITERS" -D "$LAT_DEPTH" 2>&1) || out=
         out=$(echo "$out" | awk -v b="$b" -v m="$FLOOR_MODE" '$1 == m && $2 == b {print $7; exit}' | finite)
         LATFS[$b]+=" ${out:--}"
         echo "   $s: floor ${LATFS[$b]} us" >&2
@@ -224,17 +236,35 @@ bw_table() {
   echo
   echo "### $dev: bandwidth, MB/s (decimal, 'BW average'), window $WINDOW, $BW_BYTES per size, median of $BW_ROUNDS alternating rounds"
   echo
-  echo "| size | ib_write_bw | plugin (v$API) | plugin / perftest | per-round ratios |"
-  echo "| ---: | ---: | ---: | ---: | ---: |"
-  local bp bx
+  local floor=false bp bx bf
+  has_bw_floor "$dev" && floor=true
+  if $floor; then
+    echo "| size | ib_write_bw | floor (raw verbs) | plugin (v$API) | plugin / perftest | per-round ratios | plugin / floor | per-round plugin / floor |"
+    echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  else
+    echo "| size | ib_write_bw | plugin (v$API) | plugin / perftest | per-round ratios |"
+    echo "| ---: | ---: | ---: | ---: | ---: |"
+  fi
   for s in $BW_SIZES; do
     b=$(bytes "$s")
     # shellcheck disable=SC2086
     bp=$(median ${BWP[$b]:-})
     # shellcheck disable=SC2086
     bx=$(median ${BWX[$b]:-})
-    echo "| $(human "$b") | ${bp:-FAILED} | ${bx:-FAILED} | $(ratio "$bx" "$bp") | $(ratio_range "${BWX[$b]:-}" "${BWP[$b]:-}") |"
+    if $floor; then
+      # shellcheck disable=SC2086
+      bf=$(median ${BWF[$b]:-})
+      echo "| $(human "$b") | ${bp:-FAILED} | ${bf:-FAILED} | ${bx:-FAILED} | $(ratio "$bx" "$bp") | $(ratio_range "${BWX[$b]:-}" "${BWP[$b]:-}") | $(ratio "$bx" "$bf") | $(ratio_range "${BWX[$b]:-}" "${BWF[$b]:-}") |"
+    else
+      echo "| $(human "$b") | ${bp:-FAILED} | ${bx:-FAILED} | $(ratio "$bx" "$bp") | $(ratio_range "${BWX[$b]:-}" "${BWP[$b]:-}") |"
+    fi
   done
+  if $floor; then
+    echo
+    echo "floor: \`verbs_floor -m netib -b -D $WINDOW\`, net_ib's algorithm streaming in raw verbs: the receiver keeps" \
+         "$WINDOW receives posted ahead (the plugin bench's window), each announced by one inlined clear-to-send" \
+         "write; the sender writes with immediate into each receive it has seen; timed on the receiver."
+  fi
 }
 
 lat_table() {
@@ -257,8 +287,9 @@ lat_table() {
   done
   if has_floor "$dev" && [ "$FLOOR_MODE" = netib ]; then
     echo
-    echo "floor: \`verbs_floor -m netib\`, net_ib's algorithm in raw verbs: write-with-immediate" \
-         "polled on a CQ, plus one inlined clear-to-send write per receive on each side."
+    echo "floor: \`verbs_floor -m netib -D $LAT_DEPTH\`, net_ib's algorithm in raw verbs: write-with-immediate" \
+         "polled on a CQ, $LAT_DEPTH receives posted on each side, one inlined clear-to-send write per receive," \
+         "and a sender that waits for the clear-to-send of the receive it writes into."
   elif has_floor "$dev"; then
     echo
     echo "floor: \`verbs_floor -m imm+cts -D $LAT_DEPTH\`, the same protocol in raw verbs: write-with-immediate" \
@@ -281,17 +312,17 @@ REPORT=$LOG/report
        "plugin $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-60)"
   echo "perftest: ib_write_bw -d DEV $(perftest_flags rxe0) (rxe) / -R (siw) -s SIZE -n ITERS;" \
        "ib_write_lat -s SIZE -n $LAT_ITERS; same timed bytes per size as the plugin;" \
-       "bandwidth: $BW_ROUNDS rounds, perftest then plugin; latency: $LAT_ROUNDS rounds, perftest, the raw-verbs floor (RoCE only), then the plugin"
+       "bandwidth: $BW_ROUNDS rounds, perftest$([ "$FLOOR_MODE" = netib ] && echo " and net_ib's algorithm in raw verbs (RoCE only) per size,") then plugin; latency: $LAT_ROUNDS rounds, perftest, the raw-verbs floor (RoCE only), then the plugin"
 } > "$REPORT"
 
 rc=0
 for dev in "${DEVICES[@]}"; do
   [ -d "/sys/class/infiniband/$dev" ] || { echo "no device $dev in this VM" >&2; rc=1; continue; }
-  declare -A BWP=() LATPS=() BWX=() LATXS=() LATFS=()
+  declare -A BWP=() LATPS=() BWX=() LATXS=() LATFS=() BWF=()
   measure "$dev"
   [ "${PLUGIN_RC[$dev]}" = 0 ] || rc=1
   table "$dev" >> "$REPORT"
-  unset BWP LATPS BWX LATXS LATFS
+  unset BWP LATPS BWX LATXS LATFS BWF
 done
 echo "(measured in ${SECONDS}s inside the VM)" >> "$REPORT"
 echo

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # In the RDMA VM: the README's main job in miniature. erdma_bench moves (and checks) data
-# through the plugin on rxe0 and siw0, and verbs_floor runs each of its modes on rxe0;
+# through the plugin on rxe0 and siw0, and verbs_floor runs each of its modes on rxe0
+# (latency, and net_ib's algorithm's bandwidth);
 # every run must print its result row. A missing device or a malformed number fails plainly.
 #   vm_bench_smoke.sh ERDMA_BENCH VERBS_FLOOR PLUGIN
 set -uo pipefail
@@ -23,6 +24,23 @@ for mode in write imm imm+cts netib; do
   expect_row "verbs_floor $mode on rxe0" "\$1 == \"$mode\" && \$2 == 8 && \$7 > 0" \
     "$FLOOR" -d rxe0 -m "$mode" -s 8 -n 200
 done
+# net_ib's algorithm: a sender that waits for each clear-to-send (depth 1 puts that wait in
+# every round trip), and its bandwidth mode at depths 1 and 16, a message split in four
+# writes (-M) too; the receiver checks that the last message's first and last bytes landed.
+expect_row "verbs_floor netib, 1 receive posted, on rxe0" '$1 == "netib" && $2 == 8 && $7 > 0' \
+  "$FLOOR" -d rxe0 -m netib -s 8 -n 200 -D 1
+for args in "-D 1" "-D 16" "-D 4 -M 262144"; do
+  # shellcheck disable=SC2086
+  expect_row "verbs_floor netib bandwidth $args on rxe0" \
+    '$1 == "netib-bw" && $2 == 1048576 && $3 == 16 && $4 > 0' \
+    "$FLOOR" -d rxe0 -m netib -b -s 1048576 -n 16 $args
+done
+out=$("$FLOOR" -d rxe0 -m imm+cts -b 2>&1) && { echo "FAIL verbs_floor -b accepted imm+cts"; fail=1; }
+if echo "$out" | grep -q 'runs net_ib.s algorithm only'; then
+  echo "PASS verbs_floor -b names the one mode it runs"
+else
+  echo "FAIL verbs_floor -b -m imm+cts said: $out"; fail=1
+fi
 for dev in rxe0 siw0; do
   expect_row "erdma_bench latency on $dev" '$1 == "lat" && $2 == 8 && $7 > 0' \
     "$BENCH" -p "$PLUGIN" -d "$dev" -m lat -S 8,4K -n 200 -t 60
