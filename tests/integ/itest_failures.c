@@ -15,6 +15,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <linux/capability.h>
 #include <poll.h>
@@ -1486,6 +1487,111 @@ static int flush_listener_send(struct duo *d, void *arg) {
     return 0;
 }
 
+/* A stranger's request reaching the flush listener while the loopback is being set up: the
+ * receiver loads librdmacm through tests/integ/cm_shim.c, whose rdma_listen hook sends, the
+ * moment the flush listener is up, a connect request from a second address of this host
+ * (added for the case) and waits until it is queued on the plugin's channel. The plugin must
+ * refuse it by its address, still connect its own loopback, and flush. */
+struct stranger {
+    int listens;
+    struct sockaddr_in src, dst;
+    struct raw_cm cm;
+    int queued; /* 1: the request reached the plugin's listener before it went on */
+};
+
+static void stranger_at_flush_listen(struct rdma_cm_id *id, int backlog, void *arg) {
+    struct stranger *st = arg;
+    (void)backlog;
+    if (++st->listens != 1) return; /* set after the listen comm's: the next is the flush's */
+    st->dst.sin_port = vb.cm_get_src_port(id);
+    if (raw_connect(&st->cm, &st->src, &st->dst, NULL, 0)) {
+        fprintf(stderr, "the stranger could not send its request\n");
+        return;
+    }
+    struct pollfd p = {.fd = id->channel->fd, .events = POLLIN};
+    st->queued = poll(&p, 1, 5000) == 1;
+}
+
+/* Adds (add) or removes a second IPv4 address, base + 8 in the last byte, on ip's netdev. */
+static int second_address(const char *ip, char *second, size_t len, bool add) {
+    struct in_addr a;
+    if (inet_pton(AF_INET, ip, &a) != 1) return -1;
+    a.s_addr = htonl(ntohl(a.s_addr) + 8);
+    inet_ntop(AF_INET, &a, second, (socklen_t)len);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "dev=$(ip -o -4 addr show | awk '$4 ~ \"^%s/\" {print $2; exit}'); "
+             "[ -n \"$dev\" ] && ip addr %s %s/24 dev $dev",
+             ip, add ? "add" : "del", second);
+    if (system(cmd) != 0) return -1;
+    if (add) usleep(500000); /* rxe adds the address's RoCE GID on a netdev event */
+    return 0;
+}
+
+static int flush_stranger_recv_inner(struct duo *d, const struct cfg *c, struct stranger *st,
+                                     void *shim) {
+    struct netapi n;
+    void *lc, *comm, *mh, *req, *freq = NULL, *data;
+    char handle[NCCL_NET_HANDLE_MAXSIZE], ip[INET_ADDRSTRLEN], second[INET_ADDRSTRLEN];
+    uint8_t *buf = page_alloc(SMALL);
+    size_t len = SMALL;
+    int tag = 0, got = -1;
+    void (*set_hook)(void (*)(struct rdma_cm_id *, int, void *), void *) = (void (*)(
+        void (*)(struct rdma_cm_id *, int, void *), void *))dlsym(shim, "cm_shim_set_listen_hook");
+    CHECK(set_hook != NULL);
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(verbs_open() == 0 && verbs_have_rdmacm()); /* the stranger's own, through the shim */
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    handle_ip(handle, ip, sizeof(ip));
+    CHECK(second_address(ip, second, sizeof(second), true) == 0);
+    st->src = (struct sockaddr_in){.sin_family = AF_INET};
+    inet_pton(AF_INET, second, &st->src.sin_addr);
+    st->dst = (struct sockaddr_in){.sin_family = AF_INET};
+    inet_pton(AF_INET, ip, &st->dst.sin_addr);
+    set_hook(stranger_at_flush_listen, st);
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    int accepted = net_accept(&n, lc, &comm, TMO) == 0;
+    set_hook(NULL, NULL);
+    second_address(ip, second, sizeof(second), false);
+    CHECK(accepted);
+    figure("a stranger from %s at the flush listener on %s during its setup: %s", second, c->dev,
+           st->queued ? "queued ahead of the loopback" : "NOT queued");
+    CHECK(st->queued);
+    char warn[96];
+    snprintf(warn, sizeof(warn), "rejecting an rdma_cm connection from %s", second);
+    CHECK(log_contains(warn));
+    int ev = raw_event(&st->cm, 10000);
+    if (ev != RDMA_CM_EVENT_REJECTED) fprintf(stderr, "the stranger got event %d\n", ev);
+    CHECK(ev == RDMA_CM_EVENT_REJECTED);
+    raw_close(&st->cm);
+    /* the loopback is ours, and works */
+    CHECK(net_regmr(&n, comm, buf, SMALL, &mh) == 0);
+    data = buf;
+    CHECK(net_irecv(&n, comm, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
+    CHECK(net_wait(&n, req, &got, TMO) == 0);
+    CHECK(got == SMALL && pattern_check(buf, SMALL, 78) < 0);
+    CHECK(net_iflush(&n, comm, 1, &data, &got, &mh, &freq) == 0 && freq);
+    CHECK(net_wait(&n, freq, NULL, TMO) == 0);
+    CHECK(net_deregmr(&n, comm, mh) == 0);
+    CHECK(duo_barrier(d) == 0);
+    CHECK(net_close_recv(&n, comm) == 0);
+    CHECK(net_close_listen(&n, lc) == 0);
+    net_close(&n);
+    verbs_close();
+    free(buf);
+    return 0;
+}
+
+static int flush_stranger_recv(struct duo *d, void *arg) {
+    const char *path = getenv("ITEST_CM_SHIM");
+    CHECK(path != NULL); /* set by CMake: the case cannot run without it */
+    setenv("NCCL_ERDMA_RDMACM_LIB", path, 1);
+    void *shim = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    CHECK(shim != NULL);
+    struct stranger st = {0};
+    return flush_stranger_recv_inner(d, arg, &st, shim);
+}
+
 /* ------------------------------------------------------------ scenario: resource hygiene */
 struct usage {
     int fds;
@@ -1889,6 +1995,8 @@ static const struct scenario scenarios[] = {
      "NCCL_ERDMA_CONNECT_MODE=rdmacm"},
     {"input/flush_listener_closed_after_setup", RUN_DUO, flush_listener_recv, flush_listener_send,
      "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
+    {"input/stranger_at_flush_listener_during_setup", RUN_DUO, flush_stranger_recv,
+     flush_listener_send, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
     {"input/regmr_unmapped", RUN_SOLO, regmr_bad_main, NULL, NULL},
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},

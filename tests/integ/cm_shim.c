@@ -1,0 +1,76 @@
+/*
+ * A test stand-in for librdmacm (loaded by the plugin through NCCL_ERDMA_RDMACM_LIB): every
+ * function the plugin uses goes to the real librdmacm, and rdma_listen calls a hook the test
+ * sets afterwards. It lets a test act at the one moment the plugin has a listener up and has
+ * not used it yet (a stranger's request to the flush loopback's listener during its setup),
+ * with no test code inside the plugin.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <rdma/rdma_cma.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef void (*cm_shim_listen_hook)(struct rdma_cm_id *id, int backlog, void *arg);
+static cm_shim_listen_hook hook;
+static void *hook_arg;
+
+void cm_shim_set_listen_hook(cm_shim_listen_hook fn, void *arg); /* dlsym()ed by the test */
+void cm_shim_set_listen_hook(cm_shim_listen_hook fn, void *arg) {
+    hook = fn;
+    hook_arg = arg;
+}
+
+static void *real(const char *sym) {
+    static void *lib;
+    if (!lib) lib = dlopen("librdmacm.so.1", RTLD_NOW | RTLD_GLOBAL);
+    void *f = lib ? dlsym(lib, sym) : NULL;
+    if (!f) {
+        fprintf(stderr, "cm_shim: no %s in librdmacm.so.1\n", sym);
+        abort();
+    }
+    return f;
+}
+
+#define FORWARD(ret, name, params, args)                                                           \
+    ret name params {                                                                              \
+        static ret(*f) params;                                                                     \
+        if (!f) *(void **)&f = real(#name);                                                        \
+        return f args;                                                                             \
+    }
+
+FORWARD(struct rdma_event_channel *, rdma_create_event_channel, (void), ())
+FORWARD(void, rdma_destroy_event_channel, (struct rdma_event_channel * ch), (ch))
+FORWARD(int, rdma_create_id,
+        (struct rdma_event_channel * ch, struct rdma_cm_id **id, void *ctx,
+         enum rdma_port_space ps),
+        (ch, id, ctx, ps))
+FORWARD(int, rdma_destroy_id, (struct rdma_cm_id * id), (id))
+FORWARD(int, rdma_bind_addr, (struct rdma_cm_id * id, struct sockaddr *a), (id, a))
+FORWARD(int, rdma_resolve_addr,
+        (struct rdma_cm_id * id, struct sockaddr *src, struct sockaddr *dst, int ms),
+        (id, src, dst, ms))
+FORWARD(int, rdma_resolve_route, (struct rdma_cm_id * id, int ms), (id, ms))
+FORWARD(int, rdma_create_qp,
+        (struct rdma_cm_id * id, struct ibv_pd *pd, struct ibv_qp_init_attr *a), (id, pd, a))
+FORWARD(void, rdma_destroy_qp, (struct rdma_cm_id * id), (id))
+FORWARD(int, rdma_connect, (struct rdma_cm_id * id, struct rdma_conn_param *p), (id, p))
+FORWARD(int, rdma_accept, (struct rdma_cm_id * id, struct rdma_conn_param *p), (id, p))
+FORWARD(int, rdma_reject, (struct rdma_cm_id * id, const void *d, uint8_t len), (id, d, len))
+FORWARD(int, rdma_disconnect, (struct rdma_cm_id * id), (id))
+FORWARD(int, rdma_get_cm_event, (struct rdma_event_channel * ch, struct rdma_cm_event **ev),
+        (ch, ev))
+FORWARD(int, rdma_ack_cm_event, (struct rdma_cm_event * ev), (ev))
+FORWARD(const char *, rdma_event_str, (enum rdma_cm_event_type ev), (ev))
+FORWARD(int, rdma_migrate_id, (struct rdma_cm_id * id, struct rdma_event_channel *ch), (id, ch))
+FORWARD(uint16_t, rdma_get_src_port, (struct rdma_cm_id * id), (id))
+FORWARD(struct ibv_context **, rdma_get_devices, (int *n), (n))
+FORWARD(void, rdma_free_devices, (struct ibv_context * *list), (list))
+
+int rdma_listen(struct rdma_cm_id *id, int backlog) {
+    static int (*f)(struct rdma_cm_id *, int);
+    if (!f) *(void **)&f = real("rdma_listen");
+    int ret = f(id, backlog);
+    if (ret == 0 && hook) hook(id, backlog, hook_arg);
+    return ret;
+}
