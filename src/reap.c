@@ -62,6 +62,13 @@ static void *reap_main(void *arg) {
     struct reap_item *items = NULL;
     struct pollfd pfd[REAP_MAX_FDS + 1];
     for (;;) {
+        /* Empty the wake pipe BEFORE reading the shared state: a wake-up written after this
+         * read (reap_defer, reap_drain) then stays in the pipe and ends the poll below.
+         * Emptied after it, a wake-up could be consumed unseen and the poll wait forever
+         * (finalize's join hung in siw0 runs this way). */
+        char drain[64];
+        while (read(wake_pipe[0], drain, sizeof(drain)) > 0)
+            ;
         pthread_mutex_lock(&lock);
         struct reap_item *in = incoming;
         incoming = NULL;
@@ -73,9 +80,6 @@ static void *reap_main(void *arg) {
             items = in;
             in = next;
         }
-        char drain[64];
-        while (read(wake_pipe[0], drain, sizeof(drain)) > 0)
-            ;
         int n = 0;
         uint64_t wake = UINT64_MAX;
         for (struct reap_item **pp = &items; *pp;) {

@@ -104,10 +104,32 @@ static void test_drain_waits_for_all(void **state) {
     close(q[1]);
 }
 
+/* A wake-up that reaches the thread between its look at the shared state and its emptying of
+ * the wake pipe must not be lost: finalize's join then waited forever (seen in siw0 runs).
+ * Many short lives of the thread, each ended by a drain right after the last hand-over;
+ * a lost wake-up hangs here, and the alarm turns that into a failure. */
+static void test_no_lost_wakeup(void **state) {
+    alarm(120);
+    for (int cycle = 0; cycle < 3000; cycle++) {
+        struct item x;
+        int p[2];
+        item_init(&x, p, 0);
+        assert_int_equal(write(p[1], "B", 1), 1); /* done at its first step */
+        reap_defer(&x.reap);
+        if (cycle % 3) usleep((useconds_t)(cycle % 7)); /* vary where the thread is */
+        reap_drain();
+        assert_int_equal(x.done, 1);
+        close(p[0]);
+        close(p[1]);
+    }
+    alarm(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defer_returns_at_once),
         cmocka_unit_test(test_drain_waits_for_all),
+        cmocka_unit_test(test_no_lost_wakeup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
