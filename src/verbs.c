@@ -8,8 +8,8 @@
 #include "params.h"
 
 #include <dlfcn.h>
-#include <pthread.h>
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 
 struct verbs_api vb;
@@ -29,12 +29,17 @@ static int wrap_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
     return ibv_poll_cq(cq, n, wc);
 }
 
+static sigset_t just_sigpipe(void) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    return s;
+}
+
 void quiet_pipe_begin(struct quiet_pipe *q, bool on) {
     q->on = on;
     if (!on) return;
-    sigset_t pipe, pending;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
+    sigset_t pipe = just_sigpipe(), pending;
     pthread_sigmask(SIG_BLOCK, &pipe, &q->old);
     sigpending(&pending);
     q->was_pending = sigismember(&pending, SIGPIPE); /* not ours to discard */
@@ -43,9 +48,7 @@ void quiet_pipe_begin(struct quiet_pipe *q, bool on) {
 void quiet_pipe_end(struct quiet_pipe *q) {
     if (!q->on) return;
     int saved = errno; /* the caller reads the call's errno after this */
-    sigset_t pipe, pending;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
+    sigset_t pipe = just_sigpipe(), pending;
     sigpending(&pending);
     if (!q->was_pending && sigismember(&pending, SIGPIPE)) {
         struct timespec now = {0, 0};

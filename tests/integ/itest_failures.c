@@ -1430,14 +1430,33 @@ static int listeners_of_pid(const char *ip) {
     return cm_ids_with(pid, "LISTEN", at);
 }
 
-static int flush_listener_recv(struct duo *d, void *arg) {
-    const struct cfg *c = arg;
-    struct netapi n;
-    void *lc, *comm, *mh, *req, *freq = NULL, *data;
-    char handle[NCCL_NET_HANDLE_MAXSIZE], ip[INET_ADDRSTRLEN];
+/* The receiver's end of both flush-listener cases: flush_listener_send's message arrives and
+ * a flush through the loopback completes; then the receiver closes everything but n. */
+static int loopback_receive_and_flush(struct duo *d, struct netapi *n, void *comm, void *lc) {
+    void *mh, *req, *freq = NULL, *data;
     uint8_t *buf = page_alloc(SMALL);
     size_t len = SMALL;
     int tag = 0, got = -1;
+    CHECK(net_regmr(n, comm, buf, SMALL, &mh) == 0);
+    data = buf;
+    CHECK(net_irecv(n, comm, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
+    CHECK(net_wait(n, req, &got, TMO) == 0);
+    CHECK(got == SMALL && pattern_check(buf, SMALL, 78) < 0);
+    CHECK(net_iflush(n, comm, 1, &data, &got, &mh, &freq) == 0 && freq);
+    CHECK(net_wait(n, freq, NULL, TMO) == 0);
+    CHECK(net_deregmr(n, comm, mh) == 0);
+    CHECK(duo_barrier(d) == 0);
+    CHECK(net_close_recv(n, comm) == 0);
+    CHECK(net_close_listen(n, lc) == 0);
+    free(buf);
+    return 0;
+}
+
+static int flush_listener_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc, *comm;
+    char handle[NCCL_NET_HANDLE_MAXSIZE], ip[INET_ADDRSTRLEN];
     CHECK(net_open(&n, c->version, c->dev) == 0);
     CHECK(net_listen(&n, handle, &lc) == 0);
     handle_ip(handle, ip, sizeof(ip));
@@ -1450,19 +1469,8 @@ static int flush_listener_recv(struct duo *d, void *arg) {
            c->dev, after);
     CHECK(after == 1);
     /* the loopback works */
-    CHECK(net_regmr(&n, comm, buf, SMALL, &mh) == 0);
-    data = buf;
-    CHECK(net_irecv(&n, comm, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
-    CHECK(net_wait(&n, req, &got, TMO) == 0);
-    CHECK(got == SMALL && pattern_check(buf, SMALL, 78) < 0);
-    CHECK(net_iflush(&n, comm, 1, &data, &got, &mh, &freq) == 0 && freq);
-    CHECK(net_wait(&n, freq, NULL, TMO) == 0);
-    CHECK(net_deregmr(&n, comm, mh) == 0);
-    CHECK(duo_barrier(d) == 0);
-    CHECK(net_close_recv(&n, comm) == 0);
-    CHECK(net_close_listen(&n, lc) == 0);
+    CHECK(loopback_receive_and_flush(d, &n, comm, lc) == 0);
     net_close(&n);
-    free(buf);
     return 0;
 }
 
@@ -1531,11 +1539,8 @@ static int second_address(const char *ip, char *second, size_t len, bool add) {
 static int flush_stranger_recv_inner(struct duo *d, const struct cfg *c, struct stranger *st,
                                      void *shim) {
     struct netapi n;
-    void *lc, *comm, *mh, *req, *freq = NULL, *data;
+    void *lc, *comm;
     char handle[NCCL_NET_HANDLE_MAXSIZE], ip[INET_ADDRSTRLEN], second[INET_ADDRSTRLEN];
-    uint8_t *buf = page_alloc(SMALL);
-    size_t len = SMALL;
-    int tag = 0, got = -1;
     void (*set_hook)(void (*)(struct rdma_cm_id *, int, void *), void *) = (void (*)(
         void (*)(struct rdma_cm_id *, int, void *), void *))dlsym(shim, "cm_shim_set_listen_hook");
     CHECK(set_hook != NULL);
@@ -1565,20 +1570,9 @@ static int flush_stranger_recv_inner(struct duo *d, const struct cfg *c, struct 
     CHECK(ev == RDMA_CM_EVENT_REJECTED);
     raw_close(&st->cm);
     /* the loopback is ours, and works */
-    CHECK(net_regmr(&n, comm, buf, SMALL, &mh) == 0);
-    data = buf;
-    CHECK(net_irecv(&n, comm, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
-    CHECK(net_wait(&n, req, &got, TMO) == 0);
-    CHECK(got == SMALL && pattern_check(buf, SMALL, 78) < 0);
-    CHECK(net_iflush(&n, comm, 1, &data, &got, &mh, &freq) == 0 && freq);
-    CHECK(net_wait(&n, freq, NULL, TMO) == 0);
-    CHECK(net_deregmr(&n, comm, mh) == 0);
-    CHECK(duo_barrier(d) == 0);
-    CHECK(net_close_recv(&n, comm) == 0);
-    CHECK(net_close_listen(&n, lc) == 0);
+    CHECK(loopback_receive_and_flush(d, &n, comm, lc) == 0);
     net_close(&n);
     verbs_close();
-    free(buf);
     return 0;
 }
 
