@@ -87,10 +87,11 @@ struct opts {
     enum mode mode;
     bool bw;
     uint32_t max_msg; /* -M: split above this many bytes, if under the device's limit */
+    int conns;        /* -c: QP pairs, 1 (both directions on one) or 2 (one per direction) */
 };
 
 struct endpoint_info { /* what one side tells the other through a pipe */
-    uint32_t qpn;
+    uint32_t qpn[2];
     union ibv_gid gid;
     uint64_t addr;
     uint32_t rkey;
@@ -101,8 +102,12 @@ struct side {
     bool client;
     struct ibv_context *ctx;
     struct ibv_pd *pd;
-    struct ibv_cq *cq;
-    struct ibv_qp *qp;
+    /* Connection 0 carries the client's messages, 1 the server's (with -c 2; with -c 1 both
+     * are connection 0). A side writes its messages on `out`; its receives, and the
+     * clear-to-sends that announce them, are on `in`: NCCL's send comm and receive comm. */
+    struct ibv_cq *cq[2];
+    struct ibv_qp *qp[2];
+    int out, in;
     struct ibv_mr *mr;
     /* [0, size): receive area; [size, 2 size): send area; then FIFO_BYTES of clear-to-send
      * staging (what this side writes to the peer) and FIFO_BYTES of FIFO (what the peer
@@ -150,12 +155,12 @@ static size_t ctrl_offset(const struct side *s) { /* aligned for the entries' ui
 
 static void post_recv(struct side *s) {
     struct ibv_recv_wr wr = {0}, *bad; /* write-with-imm consumes a receive without data */
-    if (ibv_post_recv(s->qp, &wr, &bad)) die("ibv_post_recv failed");
+    if (ibv_post_recv(s->qp[s->in], &wr, &bad)) die("ibv_post_recv failed");
 }
 
-static void post_send(struct side *s, struct ibv_send_wr *wr) {
+static void post_send(struct ibv_qp *qp, struct ibv_send_wr *wr) {
     struct ibv_send_wr *bad;
-    int ret = ibv_post_send(s->qp, wr, &bad);
+    int ret = ibv_post_send(qp, wr, &bad);
     if (ret) die("ibv_post_send failed: %s", strerror(ret < 0 ? -ret : ret));
 }
 
@@ -186,7 +191,7 @@ static void post_data(struct side *s, uint32_t seq, uint64_t raddr, uint32_t rke
             .imm_data = htonl(seq),
             .wr.rdma = {.remote_addr = raddr + off, .rkey = rkey},
         };
-        post_send(s, &wr);
+        post_send(s->qp[s->out], &wr);
         off += chunk;
     } while (off < len);
 }
@@ -208,7 +213,7 @@ static void post_ctrl(struct side *s, unsigned slot, unsigned count, bool signal
             (signaled ? IBV_SEND_SIGNALED : 0) | (len <= MAX_INLINE ? IBV_SEND_INLINE : 0),
         .wr.rdma = {.remote_addr = s->peer.addr + off + FIFO_BYTES, .rkey = s->peer.rkey},
     };
-    post_send(s, &wr);
+    post_send(s->qp[s->in], &wr);
 }
 
 /* net_ib's clear-to-send for receive `seq` (the next one): one entry, one inlined write.
@@ -246,7 +251,9 @@ static struct cts_entry wait_cts(struct side *s, uint64_t seq) {
 static void poll_until(struct side *s, uint64_t recvs, uint64_t sends) {
     struct ibv_wc wc[16];
     while (s->recvs < recvs || s->sends < sends) {
-        int n = ibv_poll_cq(s->cq, 16, wc);
+        /* the CQ of what is awaited, as a caller tests the request of one comm */
+        struct ibv_cq *cq = s->cq[s->recvs < recvs ? s->in : s->out];
+        int n = ibv_poll_cq(cq, 16, wc);
         if (n < 0) die("ibv_poll_cq failed");
         for (int i = 0; i < n; i++) {
             if (wc[i].status != IBV_WC_SUCCESS)
@@ -275,6 +282,38 @@ static void wait_message(struct side *s, uint32_t seq) {
     }
 }
 
+/* INIT, RTR (to the peer's QP `qpn`), RTS. */
+static void qp_connect(struct side *s, struct ibv_qp *qp, uint32_t qpn) {
+    const struct opts *o = s->o;
+    struct ibv_qp_attr a = {
+        .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+    int ret =
+        ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    a = (struct ibv_qp_attr){
+        .qp_state = IBV_QPS_RTR,
+        .path_mtu = IBV_MTU_1024,
+        .dest_qp_num = qpn,
+        .max_dest_rd_atomic = 1,
+        .min_rnr_timer = 12,
+        .ah_attr = {.is_global = 1,
+                    .port_num = 1,
+                    .grh = {.dgid = s->peer.gid,
+                            .sgid_index = (uint8_t)o->gid_index,
+                            .hop_limit = 64}},
+    };
+    ret = ret ? ret
+              : ibv_modify_qp(qp, &a,
+                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    a = (struct ibv_qp_attr){
+        .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 1};
+    ret = ret ? ret
+              : ibv_modify_qp(qp, &a,
+                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    if (ret) die("cannot bring the QP to RTS: %s", strerror(ret < 0 ? -ret : ret));
+}
+
 static void side_setup(struct side *s, int in_fd, int out_fd) {
     const struct opts *o = s->o;
     struct ibv_device **list = ibv_get_device_list(NULL);
@@ -291,12 +330,16 @@ static void side_setup(struct side *s, int in_fd, int out_fd) {
     size_t chunks = (o->size + s->max_msg - 1) / s->max_msg;
     uint32_t sq = (uint32_t)(QUEUE + (size_t)o->depth * chunks);
 
+    int conns = o->conns;
+    s->out = conns == 2 && !s->client ? 1 : 0;
+    s->in = conns == 2 && s->client ? 1 : 0;
     s->pd = ibv_alloc_pd(s->ctx);
-    s->cq = s->pd ? ibv_create_cq(s->ctx, 2 * QUEUE + MAX_DEPTH, NULL, NULL, 0) : NULL;
+    for (int k = 0; k < conns && s->pd; k++)
+        if (!(s->cq[k] = ibv_create_cq(s->ctx, 2 * QUEUE + MAX_DEPTH, NULL, NULL, 0))) break;
     /* Sized for this run's messages: a 64 MiB bandwidth run needs 128 MiB and more. */
     s->buf_bytes = (ctrl_offset(s) + 2 * FIFO_BYTES + 4095) & ~(size_t)4095;
     s->buf = aligned_alloc(4096, s->buf_bytes);
-    if (!s->cq || !s->buf)
+    if (!s->cq[conns - 1] || !s->buf)
         die("cannot create a PD, CQ or %zu-byte buffer on %s", s->buf_bytes, o->dev);
     memset(s->buf, 0, s->buf_bytes);
     s->staging = (struct cts_entry *)(s->buf + ctrl_offset(s));
@@ -304,53 +347,28 @@ static void side_setup(struct side *s, int in_fd, int out_fd) {
     s->mr =
         ibv_reg_mr(s->pd, s->buf, s->buf_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!s->mr) die("ibv_reg_mr failed: %s (memlock limit? ulimit -l unlimited)", strerror(errno));
-    struct ibv_qp_init_attr init = {
-        .send_cq = s->cq,
-        .recv_cq = s->cq,
-        .cap = {.max_send_wr = sq,
-                .max_recv_wr = QUEUE,
-                .max_send_sge = 1,
-                .max_recv_sge = 1,
-                .max_inline_data = MAX_INLINE},
-        .qp_type = IBV_QPT_RC,
-    };
-    s->qp = ibv_create_qp(s->pd, &init);
-    if (!s->qp) die("ibv_create_qp (%u send entries) failed: %s", sq, strerror(errno));
-
-    struct endpoint_info me = {
-        .qpn = s->qp->qp_num, .addr = (uintptr_t)s->buf, .rkey = s->mr->rkey};
+    struct endpoint_info me = {.addr = (uintptr_t)s->buf, .rkey = s->mr->rkey};
+    for (int k = 0; k < conns; k++) {
+        struct ibv_qp_init_attr init = {
+            .send_cq = s->cq[k],
+            .recv_cq = s->cq[k],
+            .cap = {.max_send_wr = sq,
+                    .max_recv_wr = QUEUE,
+                    .max_send_sge = 1,
+                    .max_recv_sge = 1,
+                    .max_inline_data = MAX_INLINE},
+            .qp_type = IBV_QPT_RC,
+        };
+        s->qp[k] = ibv_create_qp(s->pd, &init);
+        if (!s->qp[k]) die("ibv_create_qp (%u send entries) failed: %s", sq, strerror(errno));
+        me.qpn[k] = s->qp[k]->qp_num;
+    }
     if (ibv_query_gid(s->ctx, 1, o->gid_index, &me.gid))
         die("no GID %d on %s", o->gid_index, o->dev);
     xfer(out_fd, &me, sizeof(me), true);
     xfer(in_fd, &s->peer, sizeof(s->peer), false);
-
-    struct ibv_qp_attr a = {
-        .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-    int ret = ibv_modify_qp(s->qp, &a,
-                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-    a = (struct ibv_qp_attr){
-        .qp_state = IBV_QPS_RTR,
-        .path_mtu = IBV_MTU_1024,
-        .dest_qp_num = s->peer.qpn,
-        .max_dest_rd_atomic = 1,
-        .min_rnr_timer = 12,
-        .ah_attr = {.is_global = 1,
-                    .port_num = 1,
-                    .grh = {.dgid = s->peer.gid,
-                            .sgid_index = (uint8_t)o->gid_index,
-                            .hop_limit = 64}},
-    };
-    ret = ret ? ret
-              : ibv_modify_qp(s->qp, &a,
-                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-    a = (struct ibv_qp_attr){
-        .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 1};
-    ret = ret ? ret
-              : ibv_modify_qp(s->qp, &a,
-                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-    if (ret) die("cannot bring the QP to RTS: %s", strerror(ret < 0 ? -ret : ret));
+    for (int k = 0; k < conns; k++)
+        qp_connect(s, s->qp[k], s->peer.qpn[k]);
     for (int i = 0; i < QUEUE; i++)
         post_recv(s);
     char ready = 1; /* both QPs are up before the first write */
@@ -463,12 +481,13 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    struct opts o = {.gid_index = 1, .size = 8, .iters = 1000, .depth = 8, .mode = MODE_IMM};
+    struct opts o = {
+        .gid_index = 1, .size = 8, .iters = 1000, .depth = 8, .mode = MODE_IMM, .conns = 1};
     static const struct option longopts[] = {
         {"header", no_argument, NULL, 'H'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     bool header = false;
     int c;
-    while ((c = getopt_long(argc, argv, "d:m:bx:s:n:D:M:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "d:m:bx:s:n:D:M:c:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'd':
             o.dev = optarg;
@@ -487,6 +506,9 @@ int main(int argc, char **argv) {
             break;
         case 'M':
             o.max_msg = (uint32_t)parse_num("-M", optarg, 4096, 1L << 31);
+            break;
+        case 'c':
+            o.conns = (int)parse_num("-c", optarg, 1, 2);
             break;
         case 'D':
             o.depth = (int)parse_num("-D", optarg, 1, MAX_DEPTH);
