@@ -115,6 +115,7 @@ struct send_comm {
     uint32_t post_seq;           /* next slot to post */
     struct send_slot slots[ERDMA_FIFO_DEPTH];
     struct erdma_request reqs[ERDMA_SEND_REQS];
+    int req_next;          /* where the search for a free request starts (p2p.c req_alloc) */
     int cm_retries;        /* rdma_cm connects retried (EADDRINUSE) */
     int warmup_repeats;    /* rdma_cm mode: warm-ups said again while connect waits for */
     uint64_t warmup_at_ns; /* the receiver to confirm them; when the last one was posted */
@@ -155,6 +156,7 @@ struct recv_comm {
     struct rdma_event_channel *flush_ch;
     int flush_up; /* rdma_cm loopback: ends established (2 = ready) */
     struct erdma_request reqs[ERDMA_RECV_REQS];
+    int req_next;                                                    /* as the sender's */
     void *prof_ev[ERDMA_FIFO_DEPTH][ERDMA_MAX_RECVS][ERDMA_MAX_QPS]; /* as the sender's */
 };
 

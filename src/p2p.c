@@ -125,15 +125,24 @@ static void report_wc_error(struct conn *c, const struct ibv_wc *wc) {
 }
 
 /* ------------------------------------------------------------ requests */
-static struct erdma_request *req_alloc(struct erdma_request *pool, int n, void *comm,
+/* Requests are taken and given back nearly in order, so the search starts after the last
+ * one taken and usually ends at its first look. Only the fields every request reads are
+ * cleared (the hot path): sizes[] is written before done is set. */
+static struct erdma_request *req_alloc(struct erdma_request *pool, int n, int *next, void *comm,
                                        enum req_type type) {
-    for (int i = 0; i < n; i++) {
-        if (pool[i].type == REQ_FREE) {
-            memset(&pool[i], 0, sizeof(pool[i]));
-            pool[i].type = type;
-            pool[i].comm = comm;
-            return &pool[i];
-        }
+    int i = *next;
+    for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
+        struct erdma_request *r = &pool[i];
+        if (r->type != REQ_FREE) continue;
+        *next = i + 1 == n ? 0 : i + 1;
+        r->type = type;
+        r->comm = comm;
+        r->done = false;
+        r->n = 0;
+        r->seq = 0;
+        r->posted_ns = 0;
+        r->phandle = NULL;
+        return r;
     }
     return NULL;
 }
@@ -424,6 +433,42 @@ static uint64_t wrs_for(uint64_t len, uint32_t max_msg) {
     return len ? (len + max_msg - 1) / max_msg : 0;
 }
 
+static int send_post_failed(struct conn *c, struct qp_ctx *q, int nwr, int err) {
+    WARN("%s: posting %d work request(s) on QP %u to %s failed: %s", c->base.dev->name, nwr,
+         q->qp->qp_num, c->peer, strerror(-err));
+    return conn_fail(c, err);
+}
+
+/* The common slot: one buffer, on one QP, in one write whose immediate (the size) completes
+ * it. Posted as that one work request, without the general path's loops (half the
+ * instructions of a small message's send). 1 posted, 0 no room yet, -errno failed. */
+static int send_post_single(struct send_comm *sc, struct send_slot *slot, uint32_t idx, int q) {
+    struct conn *c = &sc->c;
+    struct qp_ctx *qp = &c->qps[q];
+    if (qp_sq_room(qp) < 1) return 0;
+    uint32_t size = (uint32_t)slot->sends[0].size;
+    const struct wire_cts *e = &sc->fifo[cts_index(idx, 0)];
+    struct ibv_sge sge = {
+        .addr = (uintptr_t)slot->sends[0].data, .length = size, .lkey = slot->sends[0].lkey};
+    struct ibv_send_wr wr = {.wr_id = wr_id(WR_RECORD, q, idx),
+                             .sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .imm_data = htonl(size),
+                             .wr.rdma = {.remote_addr = e->addr, .rkey = e->rkey}},
+                       *bad;
+    if (c->inline_payload && size <= (uint32_t)qp->max_inline) wr.send_flags |= IBV_SEND_INLINE;
+    int ret = post_send(c, qp->qp, &wr, &bad);
+    if (ret) return send_post_failed(c, qp, 1, ret);
+    qp_sq_push(qp, 1, true);
+    stats_add(&c->stats.c.wrs_posted, 1);
+    if (prof_on()) send_prof_start(sc, slot, idx, q, 0, 1, true, IBV_WR_RDMA_WRITE_WITH_IMM);
+    slot->pending = 1;
+    slot->posted = true;
+    return 1;
+}
+
 /* Posts one matched slot. 1 posted, 0 no send-queue room yet, -errno failed. */
 static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
     struct conn *c = &sc->c;
@@ -431,6 +476,9 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
     const struct wire_cts *fifo = sc->fifo;
     int used = c->split ? c->nqps : 1;
     int first = c->split ? 0 : (int)(slot->seq % (uint32_t)c->nqps);
+    if (used == 1 && slot->n == 1 && c->completion == COMPLETION_IMM &&
+        slot->sends[0].size - 1 < (uint64_t)c->max_msg) /* 1 .. max_msg bytes */
+        return send_post_single(sc, slot, idx, first);
 
     for (int u = 0; u < used; u++) {
         uint64_t need = 1;
@@ -470,7 +518,7 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
                 uint32_t piece = len < c->max_msg ? (uint32_t)len : c->max_msg;
                 if (nwr == 63) { /* keep one entry for the record */
                     int ret = post_send(c, q->qp, wrs, &bad);
-                    if (ret) goto post_failed;
+                    if (ret) return send_post_failed(c, q, total, ret);
                     nwr = 0;
                 }
                 sges[nwr] = (struct ibv_sge){.addr = (uintptr_t)slot->sends[i].data + off,
@@ -529,15 +577,10 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
             total++;
         }
         int ret = post_send(c, q->qp, wrs, &bad);
-        if (ret) goto post_failed;
+        if (ret) return send_post_failed(c, q, total, ret);
         qp_sq_push(q, total, true);
         stats_add(&c->stats.c.wrs_posted, (uint64_t)total);
         if (prof_on()) send_prof_start(sc, slot, idx, first, u, used, fast, w->opcode);
-        continue;
-    post_failed:
-        WARN("%s: posting %d work request(s) on QP %u to %s failed: %s", c->base.dev->name, total,
-             q->qp->qp_num, c->peer, strerror(-ret));
-        return conn_fail(c, ret);
     }
     slot->pending = used;
     slot->posted = true;
@@ -740,9 +783,14 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
 
     struct send_slot *slot = &sc->slots[idx];
     if (slot->seq != sc->fifo_seq || !slot->matched) {
-        memset(slot, 0, sizeof(*slot));
+        /* a fresh slot: only what its n buffers use is cleared (the hot path) */
         slot->seq = sc->fifo_seq;
         slot->n = n;
+        slot->matched = 0;
+        slot->pending = 0;
+        slot->posted = false;
+        for (int k = 0; k < n; k++)
+            slot->sends[k].req = NULL;
     } else if (n != slot->n) {
         /* the slot's shape was fixed by its first isend: a peer that rewrites it would get
          * a slot posted with unmatched entries, or one that never completes */
@@ -765,7 +813,7 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
         WARN("%s: isend of %zu bytes without a memory handle", sc->c.base.dev->name, size);
         return -EINVAL;
     }
-    struct erdma_request *req = req_alloc(sc->reqs, ERDMA_SEND_REQS, sc, REQ_SEND);
+    struct erdma_request *req = req_alloc(sc->reqs, ERDMA_SEND_REQS, &sc->req_next, sc, REQ_SEND);
     if (!req) return 0;
     req->n = 1;
     req->sizes[0] = size;
@@ -805,7 +853,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
             return -EINVAL;
         }
     }
-    struct erdma_request *req = req_alloc(rc->reqs, ERDMA_RECV_REQS, rc, REQ_RECV);
+    struct erdma_request *req = req_alloc(rc->reqs, ERDMA_RECV_REQS, &rc->req_next, rc, REQ_RECV);
     if (!req) return 0;
     req->n = n;
     req->seq = seq;
@@ -850,7 +898,8 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
      * at most NCCL_NET_MAX_REQUESTS receives and as many flushes in flight neither limit is
      * reached: a caller that does is misusing the API (ENOBUFS: ncclInvalidUsage). */
     struct erdma_request *req = NULL;
-    if (qp_sq_room(&rc->flush_qp) >= 1) req = req_alloc(rc->reqs, ERDMA_RECV_REQS, rc, REQ_FLUSH);
+    if (qp_sq_room(&rc->flush_qp) >= 1)
+        req = req_alloc(rc->reqs, ERDMA_RECV_REQS, &rc->req_next, rc, REQ_FLUSH);
     if (!req) {
         WARN("%s: iflush with %d receives and flushes already in flight (at most %d each): "
              "test() the earlier requests first",
