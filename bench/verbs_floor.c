@@ -33,6 +33,11 @@
  * Timed on the receiver from its first clear-to-send to its last data completion,
  * after a short warmup; printed in decimal MB/s like ib_write_bw's "BW average".
  *
+ * Connections (-c): 1 (default) runs everything over one RC QP pair with one CQ a side;
+ * 2 gives each direction its own QP pair and CQs, as NCCL's send and receive comms have
+ * (net_ib's and the plugin's): a side's messages go on one, its receives and the
+ * clear-to-sends that announce them on the other, and it polls the CQ of what it awaits.
+ *
  * So `imm+cts` and `netib` are what a rendezvous protocol costs on this device
  * with no software of its own, and the plugin's figure is read against them.
  *
@@ -472,12 +477,13 @@ static void side_run_bw(struct side *s, bool header) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: verbs_floor -d DEV [-m write|imm|imm+cts|netib] [-b] [-x GID_INDEX (1)]\n"
-               "                   [-s SIZE (8)] [-n ITERS (1000)] [-D RECEIVES_POSTED (8)] "
-               "[--header]\n"
-               "                   [-M SPLIT_ABOVE (the device's max_msg_sz)]\n"
-               "A raw-verbs ping-pong on a RoCE device (GID addressing), or with -b (netib "
-               "only) a stream\nof SIZE-byte messages; see the source's header.\n");
+    fprintf(f,
+            "usage: verbs_floor -d DEV [-m write|imm|imm+cts|netib] [-b] [-x GID_INDEX (1)]\n"
+            "                   [-s SIZE (8)] [-n ITERS (1000)] [-D RECEIVES_POSTED (8)] "
+            "[--header]\n"
+            "                   [-M SPLIT_ABOVE (the device's max_msg_sz)] [-c CONNECTIONS (1)]\n"
+            "A raw-verbs ping-pong on a RoCE device (GID addressing), or with -b (netib "
+            "only) a stream\nof SIZE-byte messages; see the source's header.\n");
 }
 
 int main(int argc, char **argv) {
