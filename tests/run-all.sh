@@ -83,5 +83,13 @@ else
   echo "WARNING: TSan pass skipped (ERDMA_SKIP_TSAN=1)"
 fi
 
-if [ $fail != 0 ]; then echo; echo "run-all: FAILED"; exit 1; fi
+if [ $fail != 0 ]; then
+  # CI keeps only the head and the tail of this output: repeat what failed, and where, last.
+  echo; echo "=== what failed (from $LOGDIR)"
+  for log in "$LOGDIR"/*.log; do
+    grep -HnE '\[  FAILED  \] [^0-9 ]|\[  ERROR   \]|\[   LINE   \]|CHECK failed|at the deadline|ERROR: [A-Za-z]*Sanitizer|runtime error:|\*\*\*(Failed|Timeout|Exception)' \
+      "$log" | sed "s|^$LOGDIR/||" | head -40 || true
+  done
+  echo; echo "run-all: FAILED"; exit 1
+fi
 echo; echo "run-all: all tests passed"
