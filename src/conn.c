@@ -157,7 +157,15 @@ static int conn_teardown_step(struct reap_item *it, int *fd, uint64_t *wake_ns) 
 void conn_release(struct conn *c, void (*release)(struct conn *c)) {
     stats_conn_close(&c->stats);
     p2p_prof_close(c);
-    if (!c->cm_ch) { /* no goodbye owed: GID mode, or an rdma_cm end not connected yet */
+    if (!c->cm_ch) { /* GID mode, or an rdma_cm end not connected yet: nothing to wait for */
+        /* A goodbye still tells the peer this is a normal close, not a death: one that waits
+         * for us is then told the ranks disagree, not that our node died. The peer's own
+         * goodbye, if it is there, is read first: closing a socket with unread bytes sends a
+         * reset, which could discard ours. */
+        if (c->fd >= 0 && !c->error) {
+            (void)oob_goodbye_seen(c->fd);
+            (void)oob_goodbye_send(c->fd);
+        }
         cm_disconnect_start(c);
         release(c);
         return;

@@ -680,6 +680,8 @@ static int close_unmatched_recv(struct duo *d, void *arg) {
     CHECK(rc == ncclRemoteError);
     CHECK(dt < CLOSE_UNMATCHED_LIMIT);
     CHECK(log_contains(s.ip));
+    /* a normal close says goodbye in every mode: never reported as a death */
+    CHECK(!log_contains("node died"));
     return 0;
 }
 

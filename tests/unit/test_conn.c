@@ -119,6 +119,24 @@ static void test_connect_accept_and_close(void **state) {
     assert_int_equal(erdma_close_send(NULL), 0);
 }
 
+/* A normal close says goodbye in GID mode too (rdma_cm mode always did): the peer's
+ * out-of-band look reads a closing peer, not a dead one, whichever end closes first. */
+static void test_close_says_goodbye(void **state) {
+    void *s, *r;
+    assert_int_equal(fake_pair_connect(0, 0, &s, &r), 0);
+    struct recv_comm *rc = r;
+    assert_int_equal(oob_peer_alive(rc->c.fd), 0);
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(oob_peer_alive(rc->c.fd), OOB_PEER_CLOSING);
+    assert_int_equal(erdma_close_recv(r), 0);
+
+    assert_int_equal(fake_pair_connect(0, 0, &s, &r), 0);
+    struct send_comm *sc = s;
+    assert_int_equal(erdma_close_recv(r), 0);
+    assert_int_equal(oob_peer_alive(sc->c.fd), OOB_PEER_CLOSING);
+    assert_int_equal(erdma_close_send(s), 0);
+}
+
 static void test_bad_handles(void **state) {
     char handle[NCCL_NET_HANDLE_MAXSIZE];
     void *s = NULL;
@@ -226,6 +244,7 @@ int main(void) {
         cmocka_unit_test(test_ifname_match),
         cmocka_unit_test_setup_teardown(test_local_addr, setup, teardown),
         cmocka_unit_test(test_peer_alive),
+        cmocka_unit_test_setup_teardown(test_close_says_goodbye, setup, teardown),
         cmocka_unit_test(test_partial_io),
         cmocka_unit_test_setup_teardown(test_connect_accept_and_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_handles, setup, teardown),
