@@ -20,7 +20,7 @@
 #                         with WINDOW receives posted ahead, the plugin bench's window)
 # Latency drifts by 20-40 % within one boot of the emulated VM, and bandwidth
 # drops by as much for seconds at a time, so both are measured in rounds
-# (LAT_ROUNDS, BW_ROUNDS), perftest and plugin alternating, and the table gives
+# (LAT_ROUNDS, BW_ROUNDS), perftest and plugin alternating size by size, and the table gives
 # each side's median with the range of the per-round ratios. On RoCE
 # devices each latency round also runs verbs_floor: the plugin's protocol in raw
 # verbs (write-with-immediate + clear-to-sends), the floor the plugin can reach;
@@ -123,12 +123,12 @@ perftest() {
   return 1
 }
 
-# Runs the plugin bench on DEV in MODE (bw|lat) with the sizes set and appends this round's
-# figure for every size to the lists BWX[size] or LATXS[size] ("-" where it printed none,
-# which keeps the rounds aligned). Returns the bench's exit status.
+# Runs the plugin bench on DEV in MODE (bw|lat) for SIZES (one size, in the rounds below)
+# and appends this round's figure for each to the lists BWX[size] or LATXS[size] ("-"
+# where it printed none, which keeps the rounds aligned). Returns the bench's exit status.
 plugin_bench() {
-  local dev=$1 mode=$2 list lat_list rc=0
-  list=$(echo "$BW_SIZES" | tr ' ' ','); lat_list=$(echo "$LAT_SIZES" | tr ' ' ',')
+  local dev=$1 mode=$2 sizes=$3 list lat_list rc=0
+  list=$(echo "$sizes" | tr ' ' ','); lat_list=$list
   local cmd=("$BENCH" -d "$dev" -p "$PLUGIN" -a "$API" -m "$mode" -w "$WINDOW" -s "$list"
              -B "$BW_BYTES" -i "$MIN_ITERS" -S "$lat_list" -n "$LAT_ITERS" -D "$LAT_DEPTH" -t 90)
   # shellcheck disable=SC2206
@@ -146,7 +146,7 @@ plugin_bench() {
       lat) [ "$mode" = lat ] && got[$size]=$f7 ;;
     esac
   done < "$LOG/bench.$dev"
-  for s in $([ "$mode" = bw ] && echo "$BW_SIZES" || echo "$LAT_SIZES"); do
+  for s in $sizes; do
     b=$(bytes "$s")
     if [ "$mode" = bw ]; then BWX[$b]+=" ${got[$b]:--}"; else LATXS[$b]+=" ${got[$b]:--}"; fi
   done
@@ -177,8 +177,10 @@ measure() {
         BWF[$b]+=" ${out:--}"
         echo "   $s: floor ${BWF[$b]} MB/s" >&2
       fi
+      # the plugin right after them, size by size: the host's slow spells last seconds,
+      # and one plugin run of every size in a row put all of its sizes in one of them
+      plugin_bench "$dev" bw "$s" || { PLUGIN_RC[$dev]=$?; break 2; }
     done
-    plugin_bench "$dev" bw || { PLUGIN_RC[$dev]=$?; break; }
   done
   for r in $(seq 1 "$LAT_ROUNDS"); do
     echo "== $dev: perftest ib_write_lat, round $r of $LAT_ROUNDS" >&2
@@ -194,9 +196,9 @@ measure() {
         LATFS[$b]+=" ${out:--}"
         echo "   $s: floor ${LATFS[$b]} us" >&2
       fi
+      [ "${PLUGIN_RC[$dev]}" = 0 ] || break 2
+      plugin_bench "$dev" lat "$s" || PLUGIN_RC[$dev]=$?
     done
-    [ "${PLUGIN_RC[$dev]}" = 0 ] || break
-    plugin_bench "$dev" lat || PLUGIN_RC[$dev]=$?
   done
 }
 
@@ -312,7 +314,7 @@ REPORT=$LOG/report
        "plugin $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-60)"
   echo "perftest: ib_write_bw -d DEV $(perftest_flags rxe0) (rxe) / -R (siw) -s SIZE -n ITERS;" \
        "ib_write_lat -s SIZE -n $LAT_ITERS; same timed bytes per size as the plugin;" \
-       "bandwidth: $BW_ROUNDS rounds, perftest$([ "$FLOOR_MODE" = netib ] && echo " and net_ib's algorithm in raw verbs (RoCE only) per size,") then plugin; latency: $LAT_ROUNDS rounds, perftest, the raw-verbs floor (RoCE only), then the plugin"
+       "bandwidth: $BW_ROUNDS rounds, each size in turn: perftest$([ "$FLOOR_MODE" = netib ] && echo ", net_ib's algorithm in raw verbs (RoCE only)"), then the plugin; latency: $LAT_ROUNDS rounds, each size in turn: perftest, the raw-verbs floor (RoCE only), then the plugin"
 } > "$REPORT"
 
 rc=0
