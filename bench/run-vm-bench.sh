@@ -127,10 +127,10 @@ perftest() {
 # and appends this round's figure for each to the lists BWX[size] or LATXS[size] ("-"
 # where it printed none, which keeps the rounds aligned). Returns the bench's exit status.
 plugin_bench() {
-  local dev=$1 mode=$2 sizes=$3 list lat_list rc=0
-  list=$(echo "$sizes" | tr ' ' ','); lat_list=$list
+  local dev=$1 mode=$2 sizes=$3 list rc=0
+  list=$(echo "$sizes" | tr ' ' ',')
   local cmd=("$BENCH" -d "$dev" -p "$PLUGIN" -a "$API" -m "$mode" -w "$WINDOW" -s "$list"
-             -B "$BW_BYTES" -i "$MIN_ITERS" -S "$lat_list" -n "$LAT_ITERS" -D "$LAT_DEPTH" -t 90)
+             -B "$BW_BYTES" -i "$MIN_ITERS" -S "$list" -n "$LAT_ITERS" -D "$LAT_DEPTH" -t 90)
   # shellcheck disable=SC2206
   [ -n "${BENCH_EXTRA:-}" ] && cmd+=($BENCH_EXTRA)
   echo "== $dev: ${cmd[*]}" >&2
@@ -185,6 +185,7 @@ measure() {
   for r in $(seq 1 "$LAT_ROUNDS"); do
     echo "== $dev: perftest ib_write_lat, round $r of $LAT_ROUNDS" >&2
     for s in $LAT_SIZES; do
+      [ "${PLUGIN_RC[$dev]}" = 0 ] || break 2 # the plugin failed: no more turns for anyone
       b=$(bytes "$s")
       out=$(perftest ib_write_lat "$dev" -s "$b" -n "$LAT_ITERS") || out=
       out=$(echo "$out" | awk -v b="$b" '$1 == b && NF >= 6 {print $6; exit}' | finite)
@@ -196,7 +197,6 @@ measure() {
         LATFS[$b]+=" ${out:--}"
         echo "   $s: floor ${LATFS[$b]} us" >&2
       fi
-      [ "${PLUGIN_RC[$dev]}" = 0 ] || break 2
       plugin_bench "$dev" lat "$s" || PLUGIN_RC[$dev]=$?
     done
   done
