@@ -61,6 +61,18 @@ else
   echo "FAIL verbs_floor on -n 12x said: $out"; fail=1
 fi
 
+# A peer that never comes: the bench gives up at its deadline (-t, read from the cycle
+# counter) and says where it waited, rather than spinning on. `timeout 60` is only the
+# backstop that turns a hang into this check's failure.
+hs=$(mktemp)
+out=$(timeout 60 "$BENCH" -p "$PLUGIN" -d rxe0 --server="$hs" -t 2 2>&1); rc=$?
+rm -f "$hs"
+if [ $rc != 0 ] && [ $rc != 124 ] && echo "$out" | grep -q 'timeout after 2 s in accept'; then
+  echo "PASS erdma_bench gives up on a client that never connects"
+else
+  echo "FAIL erdma_bench without a client (exit $rc) said: $(echo "$out" | tail -n 3)"; fail=1
+fi
+
 # The main job's own script, in miniature (one size, one round per mode, both devices): it
 # runs the plugin size by size between perftest and the floor and builds the tables from
 # the pieces; every plugin cell (and rxe0's floor cells) must hold a number. perftest's own
