@@ -17,6 +17,10 @@
 enum comm_kind { COMM_LISTEN = 0x4c49534e, COMM_SEND = 0x53454e44, COMM_RECV = 0x52454356 };
 
 #define ERDMA_RQ_DEPTH  64 /* per QP: >= 2 completions per FIFO slot */
+/* Receives consumed and not posted again yet, at most (recv_comm.owed). A QP's queue then
+ * still holds RQ_DEPTH - RQ_OWED_MAX = 48 receives: more than the FIFO_DEPTH (32) slots
+ * whose completion can be on the way to it, plus the sender's warm-up repeats (9). */
+#define ERDMA_RQ_OWED_MAX 16
 #define ERDMA_SEND_REQS (ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS)
 #define ERDMA_RECV_REQS (2 * ERDMA_FIFO_DEPTH) /* receives and flushes */
 
@@ -147,6 +151,10 @@ struct recv_comm {
      * to follows from its QP: round-robin gives QP q every nqps-th slot, split gives it all */
     uint32_t next_seq[ERDMA_MAX_QPS];
     unsigned warmed; /* rdma_cm mode: bit q set once QP q's warm-up SEND came */
+    /* receive work requests consumed by arrivals and not yet posted again, as
+     * q * RQ_DEPTH + index: they go back on an idle poll (p2p.c, rq_repay) */
+    uint16_t owed[ERDMA_RQ_OWED_MAX];
+    int nowed;
     struct recv_slot slots[ERDMA_FIFO_DEPTH];
     struct qp_ctx flush_qp;
     bool flush_ready;

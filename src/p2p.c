@@ -166,6 +166,24 @@ int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot) {
     return ret;
 }
 
+/* Posts again every receive that arrivals consumed. An arrival only notes its receive as
+ * owed: posting it is a doorbell (on rxe, a queue write under a lock) that would sit between
+ * the arrival and the caller's answer to it; it goes on the next poll that finds nothing,
+ * or at once when ERDMA_RQ_OWED_MAX are owed (a stream that leaves no idle poll). */
+static int rq_repay(struct recv_comm *rc) {
+    while (rc->nowed > 0) {
+        int e = rc->owed[--rc->nowed];
+        int ret = p2p_post_recv_wr(rc, e / ERDMA_RQ_DEPTH, e % ERDMA_RQ_DEPTH);
+        if (ret) return conn_fail(&rc->c, ret);
+    }
+    return 0;
+}
+
+static int rq_owe(struct recv_comm *rc, int q, uint32_t idx) {
+    rc->owed[rc->nowed++] = (uint16_t)(q * ERDMA_RQ_DEPTH + (int)idx);
+    return rc->nowed == ERDMA_RQ_OWED_MAX ? rq_repay(rc) : 0;
+}
+
 int p2p_recv_post_initial(struct recv_comm *rc) {
     for (int q = 0; q < rc->c.nqps; q++)
         for (int i = 0; i < ERDMA_RQ_DEPTH; i++) {
@@ -371,8 +389,8 @@ static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
             rec = rc->ring[q * ERDMA_RQ_DEPTH + (int)wr_idx(wc->wr_id)];
         }
         rc->next_seq[q] += rc->c.split ? 1 : (uint32_t)rc->c.nqps;
-        int ret = p2p_post_recv_wr(rc, q, (int)wr_idx(wc->wr_id));
-        if (ret) return conn_fail(&rc->c, ret);
+        int ret = rq_owe(rc, q, wr_idx(wc->wr_id));
+        if (ret) return ret;
         return recv_complete_one(rc, &rec, seq);
     }
     default:
@@ -690,6 +708,10 @@ static int conn_progress(struct conn *c) {
     if (c->error) return c->error;
     if (c->base.kind == COMM_SEND) return send_post_ready((struct send_comm *)c);
     struct recv_comm *rc = (struct recv_comm *)c;
+    if (n == 0 && rc->nowed > 0) {
+        int ret = rq_repay(rc);
+        if (ret) return ret;
+    }
     if (rc->cts_seq != rc->seq && cts_held(rc) == 0 && cts_room(rc)) return cts_flush(rc);
     return 0;
 }

@@ -109,6 +109,70 @@ static void test_roundtrip(void **state) {
     close_pair(&p);
 }
 
+/* An arrival's receive goes back on the queue on the next poll that finds nothing, not
+ * between the arrival and the caller's answer; a stream whose every poll finds arrivals
+ * posts them again once ERDMA_RQ_OWED_MAX are owed, so at most that many are missing from
+ * the queue besides those of arrivals not polled yet: it always has room for the FIFO's
+ * slots, which is all that can be in flight. */
+static void test_receives_posted_again(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    struct ibv_qp *qp = p.rc->c.qps[0].qp;
+    enum { N = ERDMA_FIFO_DEPTH };
+    static char src[N][64], dst[N][64];
+    void *smh = reg(p.sc, src, sizeof(src)), *rmh = reg(p.rc, dst, sizeof(dst));
+    void *rreq[N], *sreq[N];
+    int got[1];
+    for (int round = 0; round < 3; round++) { /* 3 x 32 messages: the queue's 64 and more */
+        for (int k = 0; k < N; k++) {
+            void *data[1] = {dst[k]}, *mhs[1] = {rmh};
+            size_t sizes[1] = {64};
+            int tags[1] = {k};
+            rreq[k] = sreq[k] = NULL;
+            assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq[k]), 0);
+            assert_non_null(rreq[k]);
+        }
+        for (int k = 0; k < N; k++) {
+            memset(src[k], 'A' + k, 64);
+            assert_int_equal(erdma_isend(p.sc, src[k], 64, k, smh, NULL, &sreq[k]), 0);
+            assert_non_null(sreq[k]);
+        }
+        /* all 32 have landed: each poll of 16 finds arrivals, none finds the CQ empty */
+        for (int k = 0; k < N; k++) {
+            assert_int_equal(wait_req(rreq[k], got), 1);
+            assert_int_equal(got[0], 64);
+            assert_int_equal(dst[k][63], 'A' + k);
+            /* receives posted, plus those consumed by arrivals not polled yet */
+            assert_true(fake_recv_posted(qp) + fake_cq_pending(p.rc->c.cq) >=
+                        ERDMA_RQ_DEPTH - ERDMA_RQ_OWED_MAX);
+        }
+        for (int k = 0; k < N; k++)
+            assert_int_equal(wait_req(sreq[k], NULL), 1);
+    }
+    /* one more: its arrival leaves its receive owed until a poll finds nothing */
+    void *data[1] = {dst[0]}, *mhs[1] = {rmh}, *r1 = NULL, *s1 = NULL, *idle = NULL;
+    size_t sizes[1] = {64};
+    int tags[1] = {1};
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &r1), 0);
+    assert_int_equal(erdma_isend(p.sc, src[0], 64, 1, smh, NULL, &s1), 0);
+    assert_non_null(s1);
+    int before = fake_recv_posted(qp); /* the fake consumes the receive as the write lands */
+    assert_true(before < ERDMA_RQ_DEPTH);
+    int done = 0;
+    assert_int_equal(erdma_test(r1, &done, got), 0);
+    assert_int_equal(done, 1);
+    assert_int_equal(fake_recv_posted(qp), before); /* not posted again by this poll */
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &idle), 0);
+    assert_int_equal(erdma_test(idle, &done, got), 0); /* nothing arrives: an idle poll */
+    assert_int_equal(done, 0);
+    assert_int_equal(fake_recv_posted(qp), ERDMA_RQ_DEPTH);
+    assert_int_equal(wait_req(s1, NULL), 1);
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    assert_int_equal(fake_post_errors(), 0);
+    close_pair(&p);
+}
+
 /* ---- defect 1: the peer changes a slot's buffer count between two isends ---- */
 
 struct multi {
@@ -441,6 +505,7 @@ static void test_split_and_flush(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_receives_posted_again, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_lowers_nreqs, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_raises_nreqs, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_max_msg_tiny, setup_tiny_msg_peer, teardown_env),
