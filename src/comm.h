@@ -17,12 +17,13 @@
 enum comm_kind { COMM_LISTEN = 0x4c49534e, COMM_SEND = 0x53454e44, COMM_RECV = 0x52454356 };
 
 #define ERDMA_RQ_DEPTH  64 /* per QP: >= 2 completions per FIFO slot */
+#define ERDMA_SEND_REQS (ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS)
+#define ERDMA_RECV_REQS (2 * ERDMA_FIFO_DEPTH) /* receives and flushes */
+
 /* Receives consumed and not posted again yet, at most (recv_comm.owed). A QP's queue then
  * still holds RQ_DEPTH - RQ_OWED_MAX = 48 receives: more than the FIFO_DEPTH (32) slots
  * whose completion can be on the way to it, plus the sender's warm-up repeats (9). */
 #define ERDMA_RQ_OWED_MAX 16
-#define ERDMA_SEND_REQS (ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS)
-#define ERDMA_RECV_REQS (2 * ERDMA_FIFO_DEPTH) /* receives and flushes */
 
 struct comm_base {
     uint32_t kind;
