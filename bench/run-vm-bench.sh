@@ -229,8 +229,9 @@ ratio() { # plugin perftest -> "0.97" or "-"
 
 table() {
   local dev=$1 s b
-  [ "$BW_ROUNDS" -gt 0 ] && bw_table "$dev"
-  lat_table "$dev"
+  # a table only for what was measured (0 rounds: none, not a table of FAILED)
+  if [ "$BW_ROUNDS" -gt 0 ]; then bw_table "$dev"; fi
+  if [ "$LAT_ROUNDS" -gt 0 ]; then lat_table "$dev"; fi
 }
 
 bw_table() {
