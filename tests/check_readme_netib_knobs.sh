@@ -4,6 +4,7 @@
 #  - given net_ib's sources (NCCL_PARAM / ncclGetEnv), every knob net_ib reads is named there,
 #    honoured or not read (a trailing * names a family, e.g. NCCL_IB_RESILIENCY_*).
 set -euo pipefail
+set -f # knob names are words, and NCCL_IB_RESILIENCY_* a pattern: no file globbing
 readme=$1 params=$2 netib=${3:-}
 section=$(sed -n "/^### NCCL's \`net_ib\` knobs/,/^## /p" "$readme")
 [ -n "$section" ] || { echo "FAIL: no \"### NCCL's \`net_ib\` knobs\" section in $readme"; exit 1; }
