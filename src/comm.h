@@ -74,7 +74,8 @@ struct conn {
     bool inline_cts;     /* NCCL_IB_USE_INLINE: clear-to-sends go inline */
     void *ctrl;          /* registered control region (FIFO / records / ring) */
     size_t ctrl_len;
-    struct ibv_mr *ctrl_mr;
+    struct ibv_mr *ctrl_mr; /* all of it, for our own posts: no remote access */
+    struct ibv_mr *peer_mr; /* its head, the only part the peer may write (its key goes out) */
     uint64_t remote_ctrl_addr;
     uint32_t remote_ctrl_rkey;
     uint32_t max_msg; /* largest single RDMA write, both ends agree */
@@ -176,12 +177,16 @@ static inline size_t cts_index(uint32_t slot, int buf) {
     return (size_t)buf * ERDMA_FIFO_DEPTH + slot;
 }
 
-/* Control region layouts (offsets inside conn.ctrl). */
-#define SEND_CTRL_FIFO    0
-#define SEND_CTRL_RECORDS (ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS * sizeof(struct wire_cts))
-#define SEND_CTRL_LEN     (SEND_CTRL_RECORDS + ERDMA_FIFO_DEPTH * sizeof(struct wire_record))
-#define RECV_CTRL_RECORDS 0
-#define RECV_CTRL_CTS     (ERDMA_FIFO_DEPTH * sizeof(struct wire_record))
+/* Control region layouts (offsets inside conn.ctrl). Each starts with what the peer
+ * RDMA-writes (a sender's FIFO, a receiver's record area), the only part its key reaches:
+ * the rest (our clear-to-send copies, records to send, flush target, receive ring) is ours. */
+#define SEND_CTRL_PEER_LEN SEND_CTRL_RECORDS
+#define RECV_CTRL_PEER_LEN RECV_CTRL_CTS
+#define SEND_CTRL_FIFO     0
+#define SEND_CTRL_RECORDS  (ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS * sizeof(struct wire_cts))
+#define SEND_CTRL_LEN      (SEND_CTRL_RECORDS + ERDMA_FIFO_DEPTH * sizeof(struct wire_record))
+#define RECV_CTRL_RECORDS  0
+#define RECV_CTRL_CTS      (ERDMA_FIFO_DEPTH * sizeof(struct wire_record))
 #define RECV_CTRL_FLUSH                                                                            \
     (RECV_CTRL_CTS + ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS * sizeof(struct wire_cts))
 #define RECV_CTRL_RING (RECV_CTRL_FLUSH + 64)

@@ -58,7 +58,22 @@ int conn_sq_depth(const struct erdma_device *dev, bool sender) {
     return want < dev->max_qp_wr ? want : dev->max_qp_wr;
 }
 
-int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len) {
+static struct ibv_mr *ctrl_reg(struct erdma_device *dev, void *addr, size_t len, int access) {
+    errno = 0;
+    struct ibv_mr *mr = vb.reg_mr(dev->pd, addr, len, access);
+    if (!mr) {
+        int err = errno ? errno : ENOMEM;
+        WARN("%s: cannot register a %zu-byte control region: %s%s", dev->name, len, strerror(err),
+             err == ENOMEM ? " (memlock limit too low? run with `ulimit -l unlimited`; in "
+                             "containers grant IPC_LOCK)"
+                           : "");
+        errno = err;
+    }
+    return mr;
+}
+
+int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len,
+                      size_t peer_len) {
     c->base.dev = dev;
     c->fd = -1;
     c->port_downs = __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE);
@@ -76,30 +91,27 @@ int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t
     c->ctrl_len = (ctrl_len + page - 1) & ~(page - 1);
     if (posix_memalign(&c->ctrl, page, c->ctrl_len)) return -ENOMEM;
     memset(c->ctrl, 0, c->ctrl_len);
-    c->ctrl_mr =
-        vb.reg_mr(dev->pd, c->ctrl, c->ctrl_len,
-                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-    if (!c->ctrl_mr) {
-        int err = errno ? errno : ENOMEM;
-        WARN("%s: cannot register a %zu-byte control region: %s%s", dev->name, c->ctrl_len,
-             strerror(err),
-             err == ENOMEM ? " (memlock limit too low? run with `ulimit -l unlimited`; in "
-                             "containers grant IPC_LOCK)"
-                           : "");
-        return -err;
-    }
+    /* Two registrations of one region: the peer gets the key of its head only, so what it
+     * writes can never reach the state we read back to post (a clear-to-send's buffer count
+     * sizes a work-request array). */
+    c->ctrl_mr = ctrl_reg(dev, c->ctrl, c->ctrl_len, IBV_ACCESS_LOCAL_WRITE);
+    if (!c->ctrl_mr) return -errno;
+    c->peer_mr = ctrl_reg(dev, c->ctrl, peer_len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!c->peer_mr) return -errno;
     return 0;
 }
 
 void conn_destroy_common(struct conn *c) {
     for (int i = 0; i < c->nqps; i++)
         qp_destroy(&c->qps[i]);
+    if (c->peer_mr) vb.dereg_mr(c->peer_mr);
     if (c->ctrl_mr) vb.dereg_mr(c->ctrl_mr);
     free(c->ctrl);
     if (c->cq) vb.destroy_cq(c->cq);
     if (c->cm_ch) vb.cm_destroy_event_channel(c->cm_ch);
     if (c->fd >= 0) close(c->fd);
     c->ctrl_mr = NULL;
+    c->peer_mr = NULL;
     c->ctrl = NULL;
     c->cq = NULL;
     c->cm_ch = NULL;
@@ -295,7 +307,7 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     st->sc = sc;
     sc->c.base.kind = COMM_SEND;
     int nqps = qps_per_connection(dev);
-    int rc = conn_alloc_common(&sc->c, dev, nqps, SEND_CTRL_LEN);
+    int rc = conn_alloc_common(&sc->c, dev, nqps, SEND_CTRL_LEN, SEND_CTRL_PEER_LEN);
     if (rc) return rc;
     sc->fifo = (struct wire_cts *)((char *)sc->c.ctrl + SEND_CTRL_FIFO);
     sc->records = (struct wire_record *)((char *)sc->c.ctrl + SEND_CTRL_RECORDS);
@@ -321,7 +333,7 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     memcpy(m->gid, dev->gid.raw, 16);
     m->lid = dev->lid;
     m->ctrl_addr = (uintptr_t)sc->fifo;
-    m->ctrl_rkey = sc->c.ctrl_mr->rkey;
+    m->ctrl_rkey = sc->c.peer_mr->rkey;
     m->max_msg_sz = dev->max_msg_sz;
     struct qp_params qpp;
     qp_params_from_env(&qpp, st->tc);
@@ -621,7 +633,7 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     if (!rc) return -ENOMEM;
     as->rc = rc;
     rc->c.base.kind = COMM_RECV;
-    int ret = conn_alloc_common(&rc->c, dev, m->nqps, RECV_CTRL_LEN(m->nqps));
+    int ret = conn_alloc_common(&rc->c, dev, m->nqps, RECV_CTRL_LEN(m->nqps), RECV_CTRL_PEER_LEN);
     if (ret) return ret;
     rc->c.fd = as->fd;
     as->fd = -1;
@@ -676,7 +688,7 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     memcpy(reply.gid, dev->gid.raw, 16);
     reply.lid = dev->lid;
     reply.ctrl_addr = (uintptr_t)rc->rec_area;
-    reply.ctrl_rkey = rc->c.ctrl_mr->rkey;
+    reply.ctrl_rkey = rc->c.peer_mr->rkey;
     reply.max_msg_sz = dev->max_msg_sz;
     wire_msg_seal(&reply, MSG_REPLY);
     *m = reply;

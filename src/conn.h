@@ -22,8 +22,10 @@ struct listen_comm {
 
 uint64_t now_ns(void);
 uint64_t now_coarse_ns(void);
-/* Allocates the CQ and control region of a connection end. */
-int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len);
+/* Allocates the CQ and control region of a connection end; the peer's key covers only the
+ * region's first peer_len bytes. */
+int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len,
+                      size_t peer_len);
 int conn_sq_depth(const struct erdma_device *dev, bool sender);
 
 /* cm.c: rdma_cm listener and per-QP connections (iWARP, or forced rdmacm mode). */

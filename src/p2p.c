@@ -302,7 +302,7 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
     struct ibv_send_wr wrs[ERDMA_MAX_RECVS], *bad;
     struct ibv_sge sges[ERDMA_MAX_RECVS];
     int rows = 1;
-    for (uint32_t k = 0; k < count; k++) {
+    for (uint32_t k = 0; k < count; k++) { /* our copies: the peer's key does not reach them */
         int n = rc->cts[cts_index(first + k, 0)].nreqs;
         if (n > rows) rows = n;
     }
@@ -829,7 +829,8 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     if (i == n) return conn_progress(&sc->c);
     /* As net_ib: a send larger than the matched buffer is truncated to it, and both ends'
      * test() report the bytes that landed. */
-    if (size > fifo_entry(sc, idx, i)->size) size = (size_t)fifo_entry(sc, idx, i)->size;
+    uint64_t room = fifo_entry(sc, idx, i)->size; /* read once: the peer may rewrite it */
+    if (size > room) size = (size_t)room;
     struct erdma_mr *mr = mhandle;
     if (size > 0 && !mr) {
         WARN("%s: isend of %zu bytes without a memory handle", sc->c.base.dev->name, size);

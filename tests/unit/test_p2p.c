@@ -14,6 +14,7 @@
 #include "unit_log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -475,6 +476,120 @@ static void test_peer_fifo_fields(void **state) {
     }
 }
 
+/* ---- what the peer's key reaches ---- */
+
+/* One RDMA write by the peer's QP with the key we gave it, as a hostile peer can post it;
+ * returns the completion's status on the peer's side. */
+static enum ibv_wc_status peer_write(struct conn *from, uint64_t offset, uint32_t len) {
+    static uint8_t bytes[512];
+    assert_true(len <= sizeof(bytes));
+    memset(bytes, 0xC8, sizeof(bytes)); /* a buffer count of 200 where it lands on one */
+    struct ibv_mr *mr = vb.reg_mr(from->base.dev->pd, bytes, sizeof(bytes), IBV_ACCESS_LOCAL_WRITE);
+    assert_non_null(mr);
+    struct ibv_sge sge = {.addr = (uintptr_t)bytes, .length = len, .lkey = mr->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .wr.rdma = {.remote_addr = from->remote_ctrl_addr + offset,
+                                         .rkey = from->remote_ctrl_rkey}},
+                       *bad;
+    assert_int_equal(vb.post_send(from->qps[0].qp, &wr, &bad), 0);
+    struct ibv_wc wc;
+    int n = 0;
+    for (int i = 0; i < POLL_LIMIT && n == 0; i++)
+        n = vb.poll_cq(from->cq, 1, &wc);
+    assert_int_equal(n, 1);
+    vb.dereg_mr(mr);
+    return wc.status;
+}
+
+/* Each end's key reaches only what the peer writes (the sender's FIFO, the receiver's record
+ * area): a receiver read back its own clear-to-send copies, and a buffer count of 200
+ * written there sized a work-request array of 8 on the stack. */
+static void test_peer_key_reaches_only_its_window(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    assert_int_equal(peer_write(&p.sc->c, RECV_CTRL_RECORDS, sizeof(struct wire_record)),
+                     IBV_WC_SUCCESS);
+    assert_int_equal(peer_write(&p.rc->c, SEND_CTRL_FIFO, sizeof(struct wire_cts)), IBV_WC_SUCCESS);
+    close_pair(&p);
+
+    connect_pair(&p, 0, 0);
+    size_t nreqs_at = RECV_CTRL_CTS + offsetof(struct wire_cts, nreqs);
+    assert_int_equal(peer_write(&p.sc->c, nreqs_at, 2), IBV_WC_REM_ACCESS_ERR);
+    assert_int_equal(p.rc->cts[0].nreqs, 0);
+    close_pair(&p); /* a refused write breaks the connection: one case a pair */
+
+    connect_pair(&p, 0, 0);
+    assert_int_equal(peer_write(&p.sc->c, RECV_CTRL_PEER_LEN - 1, 2), IBV_WC_REM_ACCESS_ERR);
+    close_pair(&p);
+
+    connect_pair(&p, 0, 0);
+    assert_int_equal(peer_write(&p.rc->c, SEND_CTRL_RECORDS, 8), IBV_WC_REM_ACCESS_ERR);
+    close_pair(&p);
+}
+
+/* The peer may rewrite a clear-to-send's size while isend reads it: the size it truncates
+ * to must be the one it checked, never more than the caller's. A thread plays the peer,
+ * flipping the size between 16 (truncate) and 4096 (larger than the send); a second read
+ * of the field sent 4096 bytes for a 64-byte isend within ~40,000 rounds. */
+static volatile int flip_stop;
+static volatile uint64_t *volatile flip_at;
+static void *size_flipper(void *arg) {
+    (void)arg;
+    while (!flip_stop) {
+        volatile uint64_t *at = flip_at;
+        if (!at) continue;
+        *at = 16;
+        for (volatile int i = 0; i < 20; i++) {
+        }
+        *at = 4096;
+        for (volatile int i = 0; i < 20; i++) {
+        }
+    }
+    return NULL;
+}
+
+static void test_peer_rewrites_fifo_size(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    static char src[4096], dst[4096];
+    void *smh = reg(p.sc, src, sizeof(src)), *rmh = reg(p.rc, dst, sizeof(dst));
+    pthread_t t;
+    flip_stop = 0;
+    assert_int_equal(pthread_create(&t, NULL, size_flipper, NULL), 0);
+    int worst = 0, round;
+    uint64_t until = now_ns() + 10000000000ull; /* a loaded host runs fewer rounds, not longer */
+    for (round = 0; round < 200000 && worst <= 64 && now_ns() < until; round++) {
+        void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL, *sreq = NULL;
+        size_t sizes[1] = {sizeof(dst)};
+        int tags[1] = {1};
+        assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+        assert_non_null(rreq);
+        volatile struct wire_cts *e = &p.sc->fifo[cts_index(p.sc->fifo_seq % ERDMA_FIFO_DEPTH, 0)];
+        assert_int_equal(e->seq, p.sc->fifo_seq + 1);
+        flip_at = &e->size;
+        while (e->size != 16) { /* until the flipper has it */
+        }
+        assert_int_equal(erdma_isend(p.sc, src, 64, 1, smh, NULL, &sreq), 0);
+        flip_at = NULL;
+        assert_non_null(sreq);
+        int ss[1] = {0}, rs[1] = {0};
+        assert_int_equal(wait_req(sreq, ss), 1);
+        assert_int_equal(wait_req(rreq, rs), 1);
+        if (ss[0] > worst) worst = ss[0];
+        if (rs[0] > worst) worst = rs[0];
+    }
+    flip_stop = 1;
+    pthread_join(t, NULL);
+    print_message("%d rounds, largest size reported %d\n", round, worst);
+    assert_in_range(worst, 16, 64);
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    close_pair(&p);
+}
+
 /* ---- shapes: several QPs, split data, the flush read ---- */
 
 static int setup_split(void **state) {
@@ -519,6 +634,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_send_mode_roundtrip_and_hostile_ring, setup_send_mode,
                                         teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_fifo_fields, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_key_reaches_only_its_window, setup_one,
+                                        teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_rewrites_fifo_size, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_split_and_flush, setup_split, teardown_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
