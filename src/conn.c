@@ -716,41 +716,11 @@ static void drop_stray_peer(struct listen_comm *lc, int i, const char *why) {
 /* The most candidates served at once; past it the oldest is dropped for the newest. */
 #define ACCEPT_MAX_CANDIDATES 32
 
-/* Every accepted socket is read at once, each with a short hello deadline of its own
- * (NCCL_ERDMA_HELLO_TIMEOUT), so idle clients never delay the peer queued behind them: a
- * real peer sends its hello right after its TCP connect. 1 with lc->pending set to a
- * candidate whose hello is valid, 0 none yet, -errno when the listening socket fails. */
-static int accept_candidates(struct listen_comm *lc) {
+/* Reads what each candidate sent, dropping those that closed, sent a bad hello or let their
+ * hello deadline pass. 1 with lc->pending set to (and taken out of the candidates) the first
+ * whose hello is complete and valid, 0 none yet. */
+static int candidates_read(struct listen_comm *lc, long hello_s) {
     struct erdma_device *dev = lc->base.dev;
-    long hello_s = param_int(P_ERDMA_HELLO_TIMEOUT);
-    if (hello_s > param_int(P_ERDMA_CONNECT_TIMEOUT)) hello_s = param_int(P_ERDMA_CONNECT_TIMEOUT);
-    if (!lc->candidates) {
-        lc->candidates = calloc(ACCEPT_MAX_CANDIDATES, sizeof(*lc->candidates));
-        if (!lc->candidates) return -ENOMEM;
-    }
-    for (;;) {
-        struct sockaddr_in peer;
-        int fd = -1;
-        int rc = oob_accept(lc->fd, &fd, &peer);
-        if (rc < 0) return rc;
-        if (rc == 0) break;
-        struct accept_state *as = calloc(1, sizeof(*as));
-        if (!as) {
-            close(fd);
-            return -ENOMEM;
-        }
-        as->fd = fd;
-        oob_format(&peer, as->peer, sizeof(as->peer));
-        as->stage = AS_RECV_HELLO;
-        as->deadline = now_ns() + (uint64_t)hello_s * 1000000000ull;
-        if (lc->ncandidates == ACCEPT_MAX_CANDIDATES) {
-            int oldest = 0;
-            for (int i = 1; i < lc->ncandidates; i++)
-                if (lc->candidates[i]->deadline < lc->candidates[oldest]->deadline) oldest = i;
-            drop_stray_peer(lc, oldest, "too many clients are connecting without a hello");
-        }
-        lc->candidates[lc->ncandidates++] = as;
-    }
     uint64_t t = now_ns();
     for (int i = 0; i < lc->ncandidates;) {
         struct accept_state *as = lc->candidates[i];
@@ -796,6 +766,48 @@ static int accept_candidates(struct listen_comm *lc) {
         return 1;
     }
     return 0;
+}
+
+/* Every accepted socket is read at once, each with a short hello deadline of its own
+ * (NCCL_ERDMA_HELLO_TIMEOUT), so idle clients never delay the peer queued behind them: a
+ * real peer sends its hello right after its TCP connect. 1 with lc->pending set to a
+ * candidate whose hello is valid, 0 none yet, -errno when the listening socket fails. */
+static int accept_candidates(struct listen_comm *lc) {
+    long hello_s = param_int(P_ERDMA_HELLO_TIMEOUT);
+    if (hello_s > param_int(P_ERDMA_CONNECT_TIMEOUT)) hello_s = param_int(P_ERDMA_CONNECT_TIMEOUT);
+    if (!lc->candidates) {
+        lc->candidates = calloc(ACCEPT_MAX_CANDIDATES, sizeof(*lc->candidates));
+        if (!lc->candidates) return -ENOMEM;
+    }
+    int found = 0;
+    for (;;) {
+        struct sockaddr_in peer;
+        int fd = -1;
+        int rc = oob_accept(lc->fd, &fd, &peer);
+        if (rc < 0) return rc;
+        if (rc == 0) break;
+        struct accept_state *as = calloc(1, sizeof(*as));
+        if (!as) {
+            close(fd);
+            return -ENOMEM;
+        }
+        as->fd = fd;
+        oob_format(&peer, as->peer, sizeof(as->peer));
+        as->stage = AS_RECV_HELLO;
+        as->deadline = now_ns() + (uint64_t)hello_s * 1000000000ull;
+        /* Full: read what the candidates sent before dropping one, so that a burst of
+         * silent clients right behind the real peer cannot push out its waiting hello. */
+        if (lc->ncandidates == ACCEPT_MAX_CANDIDATES) found = candidates_read(lc, hello_s);
+        if (lc->ncandidates == ACCEPT_MAX_CANDIDATES) {
+            int oldest = 0;
+            for (int i = 1; i < lc->ncandidates; i++)
+                if (lc->candidates[i]->deadline < lc->candidates[oldest]->deadline) oldest = i;
+            drop_stray_peer(lc, oldest, "too many clients are connecting without a hello");
+        }
+        lc->candidates[lc->ncandidates++] = as;
+        if (found) return 1; /* the rest of the backlog waits for the next call */
+    }
+    return candidates_read(lc, hello_s);
 }
 
 static int accept_step(struct listen_comm *lc, struct accept_state *as) {

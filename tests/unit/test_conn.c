@@ -239,6 +239,45 @@ static void test_stale_hello_dropped(void **state) {
     assert_int_equal(erdma_close_listen(lc), 0);
 }
 
+/* A burst of silent clients (port scanners, health probes) right behind the real peer: the
+ * candidates were full before its hello was read, and the oldest, the real peer, was dropped
+ * for a probe (its connect failed: "closed the connection during the handshake"). */
+static void test_probe_burst_behind_real_peer(void **state) {
+    enum { PROBES = 40 }; /* more than the candidates served at once (32) */
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc = NULL, *s = NULL, *r = NULL;
+    assert_int_equal(erdma_listen(0, handle, &lc), 0);
+    struct wire_handle h;
+    memcpy(&h, handle, sizeof(h));
+    int rc = 0;
+    for (int i = 0; i < 50 && !rc && !s; i++) { /* the real peer connects and sends its hello */
+        rc = erdma_connect(0, -1, handle, &s);
+        usleep(1000);
+    }
+    assert_int_equal(rc, 0);
+    assert_null(s); /* waiting for our reply */
+    int fds[PROBES];
+    for (int i = 0; i < PROBES; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&h.addr, sizeof(h.addr)), 0);
+    }
+    unit_log_count = 0;
+    uint64_t until = now_ns() + 10000000000ull;
+    while (!rc && (!s || !r) && now_ns() < until) {
+        if (!r) rc = erdma_accept(lc, &r);
+        if (!rc && !s) rc = erdma_connect(0, -1, handle, &s);
+    }
+    if (rc) unit_log_print();
+    assert_int_equal(rc, 0);
+    assert_non_null(s);
+    assert_non_null(r);
+    for (int i = 0; i < PROBES; i++)
+        close(fds[i]);
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(erdma_close_recv(r), 0);
+    assert_int_equal(erdma_close_listen(lc), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ifname_match),
@@ -250,6 +289,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_bad_handles, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_hangs_up_during_handshake, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_hello_dropped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_probe_burst_behind_real_peer, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
