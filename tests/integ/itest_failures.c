@@ -417,8 +417,12 @@ static int late_listener_recv(struct duo *d, void *arg) {
     h->addr.sin_port = late.sin_port;
     wire_handle_seal(h);
     CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    char go;
+    CHECK(duo_recv(d, &go, 1) == 0); /* the sender is connecting: refuse it for a second */
     sleep(1);
+    double listen_at = now_s(); /* CLOCK_MONOTONIC: one clock for both processes */
     CHECK(listen(r.lfd, 4) == 0);
+    CHECK(duo_send(d, &listen_at, sizeof(listen_at)) == 0);
     CHECK(pthread_create(&r.th, NULL, relay_main, &r) == 0);
     CHECK(net_accept(&n, lc, &comm, TMO) == 0);
     CHECK(small_exchange_recv(&n, comm) == 0);
@@ -441,13 +445,18 @@ static int late_listener_send(struct duo *d, void *arg) {
     char handle[NCCL_NET_HANDLE_MAXSIZE];
     CHECK(net_open(&n, c->version, c->dev) == 0);
     CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+    /* The receiver listens a second after this word, whatever the load: the connect is
+     * refused for that long by construction (timing it from the handle's arrival failed
+     * on a loaded host, the handle having come late). */
     double t0 = now_s();
+    CHECK(duo_send(d, "c", 1) == 0);
     CHECK(net_connect(&n, handle, &comm, TMO) == 0);
-    double dt = now_s() - t0;
-    figure("connect before the listener exists on %s: connected after %.2f s (listener up at "
-           "1 s)",
-           c->dev, dt);
-    CHECK(dt >= 0.9);
+    double t1 = now_s(), listen_at = 0;
+    CHECK(duo_recv(d, &listen_at, sizeof(listen_at)) == 0);
+    figure("connect before the listener exists on %s: refused for %.2f s, connected %.2f s "
+           "after the listener came up",
+           c->dev, listen_at - t0, t1 - listen_at);
+    CHECK(listen_at - t0 >= 1.0 && t1 >= listen_at);
     CHECK(small_exchange_send(&n, comm) == 0);
     CHECK(duo_barrier(d) == 0);
     CHECK(net_close_send(&n, comm) == 0);
@@ -707,7 +716,9 @@ static int try_dead_handle(struct netapi *n, const struct cfg *c, char *handle, 
     double dt = now_s() - t0;
     fprintf(stderr, "%s: connect rc %d after %.2f s\n", what, rc, dt);
     CHECK(rc == ncclRemoteError && comm == NULL);
-    CHECK(dt >= 1.5 && dt < 3.5);
+    /* at the timeout, not before; the upper bound leaves a starved host seconds, and still
+     * tells the knob from the 120 s default */
+    CHECK(dt >= 1.5 && dt < 10.0);
     if (!log_contains(addr)) fprintf(stderr, "WARN does not name %s:\n%s", addr, log_text());
     CHECK(log_contains(addr));
     CHECK(log_contains(c->dev));
