@@ -73,6 +73,22 @@ static void handle_event(struct ibv_context *ctx, const struct ibv_async_event *
     }
 }
 
+/* The event channel of ctx reports an error with no event to read: the device went away (a
+ * driver reset or unbind, a detached ENI); since Linux 5.7 its fd then polls as POLLERR for
+ * good. Its devices fail like a fatal error, and the thread stops watching the channel:
+ * polling it again would return at once, forever (a core spent on nothing). */
+static void channel_failed(struct ibv_context *ctx, short revents) {
+    for (int i = 0; i < devices_count(); i++) {
+        struct erdma_device *d = device_get(i);
+        if (d->ctx != ctx) continue;
+        __atomic_store_n(&d->fatal, -EIO, __ATOMIC_RELEASE);
+        WARN("%s: the device's event channel failed (poll revents 0x%x): the device was "
+             "removed or reset; every connection on it fails from now on and its events are "
+             "no longer watched (see dmesg; restart the job once the device is back)",
+             d->name, (unsigned)revents);
+    }
+}
+
 static void *async_main(void *arg) {
     struct watch *w = arg;
     int n = devices_count();
@@ -83,16 +99,26 @@ static void *async_main(void *arg) {
             if (w[i].ctx) pfd[m++] = (struct pollfd){.fd = w[i].fd, .events = POLLIN};
         pfd[m] = (struct pollfd){.fd = stop_pipe[0], .events = POLLIN};
         int r = poll(pfd, (nfds_t)m + 1, -1);
-        if (r < 0 && errno != EINTR) break;
+        if (r < 0 && errno != EINTR) {
+            WARN("the async-event thread stops: poll failed (%s); device errors and port "
+                 "changes are no longer reported",
+                 strerror(errno));
+            break;
+        }
         if (pfd[m].revents) break;
         for (int i = 0, k = 0; i < n; i++) {
             if (!w[i].ctx) continue;
-            if (pfd[k++].revents & POLLIN) {
+            short rev = pfd[k++].revents;
+            if (rev & POLLIN) {
                 struct ibv_async_event ev;
                 while (vb.get_async_event(w[i].ctx, &ev) == 0) {
                     handle_event(w[i].ctx, &ev);
                     vb.ack_async_event(&ev);
                 }
+            }
+            if (rev & (POLLERR | POLLHUP | POLLNVAL)) {
+                channel_failed(w[i].ctx, rev);
+                w[i].ctx = NULL;
             }
         }
     }

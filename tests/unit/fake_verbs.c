@@ -121,7 +121,7 @@ static struct ibv_context *f_open_device(struct ibv_device *d) {
 static int f_close_device(struct ibv_context *ctx) {
     struct fake_ctx *c = (struct fake_ctx *)ctx;
     close(c->ctx.async_fd);
-    close(c->pipe_wr);
+    if (c->pipe_wr >= 0) close(c->pipe_wr);
     free(c);
     pthread_mutex_lock(&lock);
     live_ctx--;
@@ -605,6 +605,14 @@ static const char *f_event_type_str(enum ibv_event_type t) {
 }
 
 /* ---------------------------------------------------------------- public */
+
+void fake_async_channel_fails(int dev) {
+    struct erdma_device *d = device_get(dev);
+    if (!d) return;
+    struct fake_ctx *c = (struct fake_ctx *)d->ctx;
+    close(c->pipe_wr); /* the read end polls as POLLHUP from now on */
+    c->pipe_wr = -1;
+}
 
 void fake_async_event(int dev, enum ibv_event_type type, int port) {
     struct erdma_device *d = device_get(dev);

@@ -62,6 +62,9 @@ int fake_post_errors(void);
 int fake_live_qps_cqs(void);
 /* Queues an async event for device dev (async thread tests). */
 void fake_async_event(int dev, enum ibv_event_type type, int port);
+/* Makes device dev's async fd poll as failed for good (POLLHUP here; a removed device's
+ * uverbs fd reports POLLERR), as when the device goes away. */
+void fake_async_channel_fails(int dev);
 /* Next post_send on any QP fails with this errno (0: none). */
 void fake_fail_next_post(int err);
 

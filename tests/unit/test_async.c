@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -63,11 +64,33 @@ static void test_stop_with_events_pending(void **state) {
     /* teardown stops the thread: it must join whatever it is doing */
 }
 
+/* A device that goes away leaves its event channel polling as failed, with nothing to read:
+ * the thread spun on it at 100 % of a core until finalize, and the device kept working on
+ * paper. Now the device fails, the WARN says why, the other device carries on, and the
+ * thread sleeps. */
+static void test_channel_failure_fails_device_without_spinning(void **state) {
+    unit_log_count = 0;
+    fake_async_channel_fails(1);
+    assert_int_equal(wait_fatal(1, -EIO), -EIO);
+    assert_logged(NCCL_LOG_WARN, "fake1", "event channel failed");
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    usleep(300000);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    double cpu_s = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9;
+    print_message("process CPU over 300 ms of sleep: %.3f s\n", cpu_s);
+    assert_true(cpu_s < 0.1);                   /* a spinning thread takes ~0.3 s of it */
+    fake_async_event(0, IBV_EVENT_PORT_ERR, 1); /* the other device is still watched */
+    assert_int_equal(wait_fatal(0, -ENETDOWN), -ENETDOWN);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_port_down_marks_only_its_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_for_another_port_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_with_events_pending, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_channel_failure_fails_device_without_spinning, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
