@@ -610,9 +610,10 @@ static void recv_comm_free(struct recv_comm *rc) {
     if (rc) conn_release(&rc->c, recv_comm_release);
 }
 
+/* As net_ib: GPU memory reached through peer memory or through dma-buf is flushed. */
 static bool flush_wanted(const struct erdma_device *dev) {
     if (param_int(P_ERDMA_FORCE_FLUSH)) return true;
-    return dev->gdr && !param_int(P_GDR_FLUSH_DISABLE);
+    return (dev->gdr || dev->dmabuf) && !param_int(P_GDR_FLUSH_DISABLE);
 }
 
 /* The flush QP reads from our own memory: connected to itself (GID mode only). */

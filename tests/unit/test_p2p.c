@@ -617,6 +617,31 @@ static void test_split_and_flush(void **state) {
     close_pair(&p);
 }
 
+/* A device whose GPU memory comes through dma-buf (no peer memory) flushes GPU receives, as
+ * net_ib does: without the flush QP iflush answered NULL, "done", with no read-back to order
+ * the NIC's PCIe writes before the GPU reads the buffer. */
+static void test_dmabuf_device_flushes(void **state) {
+    struct erdma_device *d = device_get(0);
+    d->gdr = false;
+    d->dmabuf = true; /* what the probe finds on a NIC with dma-buf (eRDMA answers no) */
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    assert_true(p.rc->flush_ready);
+    char *buf = calloc(1, 4096);
+    void *mh = reg(p.rc, buf, 4096), *req = NULL, *data[1] = {buf}, *mhs[1] = {mh};
+    int sizes[1] = {4096};
+    assert_int_equal(erdma_iflush(p.rc, 1, data, sizes, mhs, &req), 0);
+    assert_non_null(req);
+    assert_int_equal(wait_req(req, NULL), 1);
+    erdma_dereg_mr(p.rc, mh);
+    free(buf);
+    close_pair(&p);
+    d->dmabuf = false;
+    connect_pair(&p, 0, 0);
+    assert_false(p.rc->flush_ready); /* host memory only: nothing to flush */
+    close_pair(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip, setup_one, teardown_env),
@@ -638,6 +663,7 @@ int main(void) {
                                         teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_rewrites_fifo_size, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_split_and_flush, setup_split, teardown_env),
+        cmocka_unit_test_setup_teardown(test_dmabuf_device_flushes, setup_one, teardown_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
