@@ -370,8 +370,13 @@ static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, struct rd
             break;
         }
         ret = cm_create_qp(ev->id, c, false, &rc->flush_peer);
+        if (ret) { /* no QP took the id: it is ours to refuse and destroy, as in accept */
+            vb.cm_reject(ev->id, NULL, 0);
+            *drop = ev->id;
+            break;
+        }
         conn_param(&param, NULL);
-        if (!ret && cm_connect_quiet(c->base.dev, ev->id, &param, true)) ret = -errno;
+        if (cm_connect_quiet(c->base.dev, ev->id, &param, true)) ret = -errno;
         break;
     case RDMA_CM_EVENT_ESTABLISHED:
         if (ev->id == rc->flush_qp.cm_id || ev->id == rc->flush_peer.cm_id) rc->flush_up++;

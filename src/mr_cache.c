@@ -5,6 +5,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -69,13 +70,20 @@ static void warn_reg_failure(struct mr_cache *c, void *data, size_t size, int ty
 
 int mr_cache_get(struct mr_cache *c, void *data, size_t size, int type, struct erdma_mr **out) {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t base = (uintptr_t)data & ~(page - 1);
-    uintptr_t end = ((uintptr_t)data + (size ? size : 1) + page - 1) & ~(page - 1);
-
     if (!data) {
         WARN("%s: regMr of a NULL pointer", c->dev->name);
         return -EINVAL;
     }
+    /* a range past the end of the address space would round to one below its start, which
+     * any cached registration "covers" */
+    if (size > UINTPTR_MAX - (uintptr_t)data - page) {
+        WARN("%s: regMr of %p+%zu runs past the end of the address space", c->dev->name, data,
+             size);
+        return -EINVAL;
+    }
+    uintptr_t base = (uintptr_t)data & ~(page - 1);
+    uintptr_t end = ((uintptr_t)data + (size ? size : 1) + page - 1) & ~(page - 1);
+
     pthread_mutex_lock(&c->lock);
     for (struct erdma_mr *m = c->head; m; m = m->next) {
         if (m->type == type && m->base <= base && m->base + m->len >= end) {

@@ -4,6 +4,7 @@
 #include "params.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h> /* enum ibv_wc_status: names only, no calls */
 #include <pthread.h>
 #include <stddef.h>
@@ -314,8 +315,19 @@ int stats_write_file(const char *tmpl) {
     if (rc) return rc;
     /* the collector reads only *.prom: it never sees the half-written temporary */
     snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, pid);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return -errno;
+    /* Its name is predictable: in a shared directory someone may have put a link (we would
+     * truncate its target) or a FIFO (we would block) there. Created afresh, never followed,
+     * never waited on. */
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) return -errno;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        rc = -errno;
+        close(fd);
+        unlink(tmp);
+        return rc;
+    }
     rc = stats_write_prometheus(f, pid);
     if (fclose(f) && !rc) rc = -errno;
     if (!rc && rename(tmp, path)) rc = -errno;

@@ -80,6 +80,15 @@ static void test_errors_are_named(void **state) {
     unit_log_count = 0;
     assert_int_equal(mr_cache_get(cache, NULL, 10, NCCL_PTR_HOST, &m), -EINVAL);
     assert_logged(NCCL_LOG_WARN, "fake0", "NULL pointer");
+    /* a size that wraps: it rounded to a range below its start, and a cached registration
+     * was handed out as covering it */
+    char *buf = aligned_alloc(4096, 4096);
+    struct erdma_mr *a = NULL;
+    assert_int_equal(mr_cache_get(cache, buf, 4096, NCCL_PTR_HOST, &a), 0);
+    assert_int_equal(mr_cache_get(cache, buf + 64, SIZE_MAX - 100, NCCL_PTR_HOST, &m), -EINVAL);
+    assert_logged(NCCL_LOG_WARN, "fake0", "past the end of the address space");
+    mr_cache_put(a);
+    free(buf);
     /* the fake has no dma-buf registration, as old rdma-core */
     assert_int_equal(mr_cache_get_dmabuf(cache, (void *)0x1000, 4096, 0, 3, &m), -EOPNOTSUPP);
     assert_logged(NCCL_LOG_WARN, "fake0", "dma-buf");

@@ -189,6 +189,20 @@ static void test_file_replaced(void **state) {
     char cmd[256];
     snprintf(cmd, sizeof(cmd), "test $(ls %s | wc -l) = 1", dir);
     assert_int_equal(system(cmd), 0);
+    /* a link planted where the temporary goes: its target is left alone */
+    char tmp[200], victim[160];
+    snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    FILE *v = fopen(victim, "w");
+    assert_non_null(v);
+    fputs("keep me\n", v);
+    fclose(v);
+    assert_int_equal(symlink(victim, tmp), 0);
+    assert_int_equal(stats_write_file(tmpl), 0);
+    t = slurp(victim);
+    assert_string_equal(t, "keep me\n");
+    assert_non_null(strstr(slurp(path), "} 22\n"));
+    unlink(victim);
     unlink(path);
     rmdir(dir);
     /* a directory that does not exist is an error, not a crash */
