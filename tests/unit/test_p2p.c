@@ -592,6 +592,18 @@ static void test_peer_rewrites_fifo_size(void **state) {
 
 /* ---- shapes: several QPs, split data, the flush read ---- */
 
+/* One iflush of a received 4 KiB buffer: it must give a request, and the request must end. */
+static void flush_one(struct pair *p) {
+    char *buf = calloc(1, 4096);
+    void *mh = reg(p->rc, buf, 4096), *req = NULL, *data[1] = {buf}, *mhs[1] = {mh};
+    int sizes[1] = {4096};
+    assert_int_equal(erdma_iflush(p->rc, 1, data, sizes, mhs, &req), 0);
+    assert_non_null(req);
+    assert_int_equal(wait_req(req, NULL), 1);
+    erdma_dereg_mr(p->rc, mh);
+    free(buf);
+}
+
 static int setup_split(void **state) {
     const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=3", "NCCL_IB_SPLIT_DATA_ON_QPS=1",
                          "NCCL_ERDMA_FORCE_FLUSH=1", NULL};
@@ -606,14 +618,7 @@ static void test_split_and_flush(void **state) {
     connect_pair(&p, 0, 0);
     assert_int_equal(p.sc->c.nqps, 3);
     assert_true(p.rc->flush_ready);
-    char *buf = calloc(1, 4096);
-    void *mh = reg(p.rc, buf, 4096), *req = NULL, *data[1] = {buf}, *mhs[1] = {mh};
-    int sizes[1] = {4096};
-    assert_int_equal(erdma_iflush(p.rc, 1, data, sizes, mhs, &req), 0);
-    assert_non_null(req);
-    assert_int_equal(wait_req(req, NULL), 1);
-    erdma_dereg_mr(p.rc, mh);
-    free(buf);
+    flush_one(&p);
     close_pair(&p);
 }
 
@@ -627,14 +632,7 @@ static void test_dmabuf_device_flushes(void **state) {
     struct pair p;
     connect_pair(&p, 0, 0);
     assert_true(p.rc->flush_ready);
-    char *buf = calloc(1, 4096);
-    void *mh = reg(p.rc, buf, 4096), *req = NULL, *data[1] = {buf}, *mhs[1] = {mh};
-    int sizes[1] = {4096};
-    assert_int_equal(erdma_iflush(p.rc, 1, data, sizes, mhs, &req), 0);
-    assert_non_null(req);
-    assert_int_equal(wait_req(req, NULL), 1);
-    erdma_dereg_mr(p.rc, mh);
-    free(buf);
+    flush_one(&p);
     close_pair(&p);
     d->dmabuf = false;
     connect_pair(&p, 0, 0);
