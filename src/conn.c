@@ -436,6 +436,13 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
         if (st->stage == CS_SEND_READY) goto send_ready;
         /* fall through */
     case CS_CM: {
+        /* the receiver writes nothing before our ready message: an end is a receiver gone */
+        if (oob_peer_hung_up(sc->c.fd)) {
+            WARN("%s: %s closed the connection while our rdma_cm requests were connecting: it "
+                 "gave up on them or exited (its log says why)",
+                 dev->name, sc->c.peer);
+            return -ECONNREFUSED;
+        }
         struct sockaddr_in dst = st->peer.addr;
         dst.sin_port = st->peer.cm_port;
         rc = cm_connect_progress(sc, &dst, st->peer.nonce, &st->cm_stage);
@@ -833,6 +840,14 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
         if (as->stage == AS_RECV_READY) goto recv_ready;
         /* fall through */
     case AS_CM:
+        /* The sender says nothing on the socket until its QPs are up: an end there is a sender
+         * that died or gave up after our reply, not one to wait NCCL_ERDMA_CONNECT_TIMEOUT for. */
+        if (oob_peer_hung_up(as->rc->c.fd)) {
+            WARN("%s: %s closed the connection after our reply, before its rdma_cm requests "
+                 "connected: its process exited or it gave up (its log says why)",
+                 dev->name, as->peer);
+            return -ECONNRESET;
+        }
         rc = cm_accept_progress(lc, as->rc, lc->nonce);
         if (rc <= 0) return rc;
         as->stage = AS_RECV_READY;

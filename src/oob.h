@@ -32,6 +32,10 @@ int oob_goodbye_seen(int fd);
  * Never blocks. */
 #define OOB_PEER_CLOSING 1
 int oob_peer_alive(int fd);
+/* For the handshake's quiet stages, when the peer sends nothing until it is done (the rdma_cm
+ * part): -ECONNRESET once the socket shows its end or an error with nothing left to read, else
+ * 0. Bytes that did arrive are left for the stage that reads them. Never blocks. */
+int oob_peer_hung_up(int fd);
 void oob_format(const struct sockaddr_in *a, char *out, int outlen);
 /* Pure: does interface name match an NCCL_SOCKET_IFNAME list ("^a,b", "=a", "a")? */
 int oob_ifname_match(const char *spec, const char *ifname);

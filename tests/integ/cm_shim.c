@@ -3,13 +3,17 @@
  * function the plugin uses goes to the real librdmacm, and rdma_listen calls a hook the test
  * sets afterwards. It lets a test act at the one moment the plugin has a listener up and has
  * not used it yet (a stranger's request to the flush loopback's listener during its setup),
- * with no test code inside the plugin.
+ * with no test code inside the plugin. CM_SHIM_DIE_IN=<function> makes the process kill itself
+ * (SIGKILL) when the plugin calls that function: a peer that dies at one exact step of the
+ * rdma_cm handshake.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <signal.h>
 #include <rdma/rdma_cma.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef void (*cm_shim_listen_hook)(struct rdma_cm_id *id, int backlog, void *arg);
 static cm_shim_listen_hook hook;
@@ -32,9 +36,15 @@ static void *real(const char *sym) {
     return f;
 }
 
+static void maybe_die(const char *name) {
+    const char *at = getenv("CM_SHIM_DIE_IN");
+    if (at && !strcmp(at, name)) raise(SIGKILL);
+}
+
 #define FORWARD(ret, name, params, args)                                                           \
     ret name params {                                                                              \
         static ret(*f) params;                                                                     \
+        maybe_die(#name);                                                                          \
         if (!f) *(void **)&f = real(#name);                                                        \
         return f args;                                                                             \
     }
@@ -69,6 +79,7 @@ FORWARD(void, rdma_free_devices, (struct ibv_context * *list), (list))
 
 int rdma_listen(struct rdma_cm_id *id, int backlog) {
     static int (*f)(struct rdma_cm_id *, int);
+    maybe_die("rdma_listen");
     if (!f) *(void **)&f = real("rdma_listen");
     int ret = f(id, backlog);
     if (ret == 0 && hook) hook(id, backlog, hook_arg);

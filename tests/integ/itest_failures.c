@@ -338,6 +338,96 @@ static int death_sr_idle_recv(struct duo *d, void *arg) {
     return 0;
 }
 
+/* A peer that dies inside the rdma_cm part of the handshake: the victim loads librdmacm
+ * through tests/integ/cm_shim.c with CM_SHIM_DIE_IN naming the call it dies in (SIGKILL, as
+ * the OOM killer would). The survivor's accept or connect must fail within DETECT_LIMIT with
+ * a WARN that names the device and the peer, not after NCCL_ERDMA_CONNECT_TIMEOUT (60 s
+ * here); the survivor gives up looking at 20 s. */
+static int cm_victim_env(const char *die_in) {
+    const char *path = getenv("ITEST_CM_SHIM");
+    CHECK(path != NULL); /* set by CMake: the case cannot run without it */
+    setenv("NCCL_ERDMA_RDMACM_LIB", path, 1);
+    setenv("CM_SHIM_DIE_IN", die_in, 1);
+    return 0;
+}
+
+static int handshake_death_seen(const struct cfg *c, const struct side *s, double t0, int rc,
+                                const char *what, const char *why) {
+    double dt = now_s() - t0;
+    fprintf(stderr, "%s on %s: rc %d after %.3f s\n", what, c->dev, rc, dt);
+    if (rc == 0 || !log_contains(why)) fprintf(stderr, "log:\n%s", log_text());
+    CHECK(rc == ncclRemoteError);
+    CHECK(dt < DETECT_LIMIT);
+    CHECK(log_contains(c->dev) && log_contains(s->ip) && log_contains(why));
+    figure("peer death in the rdma_cm handshake on %s, %s: failed after %.2f s", c->dev, what, dt);
+    return 0;
+}
+
+/* The sender dies as it starts its rdma_cm requests, after the receiver's reply. */
+static int cm_death_sender_survivor(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct side s;
+    void *comm = NULL;
+    int rc = 0;
+    CHECK(net_open(&s.n, c->version, c->dev) == 0);
+    CHECK(net_listen(&s.n, s.handle, &s.lc) == 0);
+    handle_ip(s.handle, s.ip, sizeof(s.ip));
+    log_reset();
+    CHECK(duo_send(d, s.handle, sizeof(s.handle)) == 0);
+    double t0 = now_s();
+    while (!comm && !rc && now_s() - t0 < 20) {
+        ncclNetDeviceHandle_t *dh = NULL;
+        rc = s.n.t12->accept(s.lc, &comm, &dh);
+    }
+    CHECK(comm == NULL);
+    return handshake_death_seen(c, &s, t0, rc, "sender died starting its rdma_cm requests",
+                                "closed the connection after our reply");
+}
+
+static int cm_death_sender_victim(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct side s;
+    void *comm;
+    CHECK(cm_victim_env("rdma_resolve_addr") == 0);
+    CHECK(net_open(&s.n, c->version, c->dev) == 0);
+    CHECK(duo_recv(d, s.handle, sizeof(s.handle)) == 0);
+    net_connect(&s.n, s.handle, &comm, TMO); /* dies in it */
+    fprintf(stderr, "the victim's connect returned: CM_SHIM_DIE_IN did not apply\n");
+    return -1;
+}
+
+/* The receiver dies as it accepts the sender's rdma_cm request. */
+static int cm_death_receiver_survivor(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct side s;
+    void *comm = NULL;
+    int rc = 0;
+    CHECK(net_open(&s.n, c->version, c->dev) == 0);
+    CHECK(duo_recv(d, s.handle, sizeof(s.handle)) == 0);
+    handle_ip(s.handle, s.ip, sizeof(s.ip));
+    log_reset();
+    double t0 = now_s();
+    while (!comm && !rc && now_s() - t0 < 20) {
+        ncclNetDeviceHandle_t *dh = NULL;
+        rc = s.n.p.v12->connect(s.n.ctx, s.n.dev, s.handle, &comm, &dh);
+    }
+    CHECK(comm == NULL);
+    return handshake_death_seen(c, &s, t0, rc, "receiver died accepting our rdma_cm request",
+                                "rdma_cm");
+}
+
+static int cm_death_receiver_victim(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct side s;
+    CHECK(cm_victim_env("rdma_accept") == 0);
+    CHECK(net_open(&s.n, c->version, c->dev) == 0);
+    CHECK(net_listen(&s.n, s.handle, &s.lc) == 0);
+    CHECK(duo_send(d, s.handle, sizeof(s.handle)) == 0);
+    net_accept(&s.n, s.lc, &s.comm, TMO); /* dies in it */
+    fprintf(stderr, "the victim's accept returned: CM_SHIM_DIE_IN did not apply\n");
+    return -1;
+}
+
 /* ------------------------------------------------------------ scenarios: start-up order */
 /* A small transfer over a fresh connection proves it really works. */
 static int small_exchange_recv(struct netapi *n, void *comm) {
@@ -1984,6 +2074,10 @@ static const struct scenario scenarios[] = {
     {"death/receiver_killed_mid_transfer", RUN_KILL, death_sr_mid_send, death_sr_mid_recv, NULL},
     {"death/receiver_killed_between_messages", RUN_KILL, death_sr_idle_send, death_sr_idle_recv,
      NULL},
+    {"death/sender_killed_in_rdmacm_handshake", RUN_KILL, cm_death_sender_survivor,
+     cm_death_sender_victim, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_CONNECT_TIMEOUT=60"},
+    {"death/receiver_killed_in_rdmacm_handshake", RUN_KILL, cm_death_receiver_survivor,
+     cm_death_receiver_victim, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_CONNECT_TIMEOUT=60"},
     {"startup/connect_before_listener", RUN_DUO, late_listener_recv, late_listener_send, NULL},
     {"startup/accept_late", RUN_DUO, late_accept_recv, late_accept_send, NULL},
     {"close/sender_closes_after_last_completion", RUN_DUO, close_at_once_recv, close_at_once_send,
