@@ -87,12 +87,42 @@ static void test_other_byte_is_a_protocol_error(void **state) {
     close(fds[0]);
 }
 
+/* The handshake's quiet stages: an end of stream is a peer gone; bytes that arrived early
+ * (the next stage's message) are neither an error nor consumed, even with the end behind them. */
+static void test_hung_up_only_at_the_end(void **state) {
+    (void)state;
+    int fds[2];
+    char buf[4];
+    tcp_pair(fds);
+    assert_int_equal(oob_peer_hung_up(fds[0]), 0);
+    close(fds[1]);
+    int ret = 0;
+    for (int i = 0; i < 200 && ret == 0; i++) {
+        ret = oob_peer_hung_up(fds[0]);
+        if (!ret) usleep(1000);
+    }
+    assert_int_equal(ret, -ECONNRESET);
+    close(fds[0]);
+
+    tcp_pair(fds);
+    assert_int_equal(send(fds[1], "RDY", 3, 0), 3);
+    close(fds[1]);
+    usleep(20000);
+    assert_int_equal(oob_peer_hung_up(fds[0]), 0);
+    assert_int_equal(oob_peer_hung_up(fds[0]), 0);
+    assert_int_equal(recv(fds[0], buf, sizeof(buf), MSG_DONTWAIT), 3);
+    assert_memory_equal(buf, "RDY", 3);
+    assert_int_equal(oob_peer_hung_up(fds[0]), -ECONNRESET); /* read: now the end shows */
+    close(fds[0]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_silent_peer_is_alive),
         cmocka_unit_test(test_goodbye_is_a_normal_close),
         cmocka_unit_test(test_eof_without_goodbye_is_death),
         cmocka_unit_test(test_other_byte_is_a_protocol_error),
+        cmocka_unit_test(test_hung_up_only_at_the_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
