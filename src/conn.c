@@ -220,6 +220,7 @@ int erdma_listen(int dev_index, void *handle, void **listen_comm) {
     h->cm_port = lc->cm_addr.sin_port;
     wire_handle_seal(h);
     *listen_comm = lc;
+    erdma_object_opened();
     return 0;
 }
 
@@ -548,6 +549,7 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
     }
     if (rc == 1) {
         *send_comm = st->sc;
+        erdma_object_opened();
         stats_conn_open(&st->sc->c.stats, dev->index, STATS_SEND, st->sc->c.peer);
         stats_event(dev->index, STATS_CONNECT);
         TRACE(NCCL_NET, "%s: connected to %s with %d QP(s)", dev->name, st->sc->c.peer,
@@ -930,6 +932,7 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
     }
     if (rc == 1) {
         *recv_comm = as->rc;
+        erdma_object_opened();
         stats_conn_open(&as->rc->c.stats, lc->base.dev->index, STATS_RECV, as->rc->c.peer);
         stats_event(lc->base.dev->index, STATS_ACCEPT);
         as->rc = NULL;
@@ -952,6 +955,7 @@ int erdma_close_listen(void *listen_comm) {
     if (lc->fd >= 0) close(lc->fd);
     lc->base.kind = 0;
     free(lc);
+    erdma_object_closed();
     return 0;
 }
 
@@ -961,6 +965,7 @@ int erdma_close_send(void *send_comm) {
     if (sc->c.base.kind != COMM_SEND) return -EINVAL;
     sc->c.base.kind = 0;
     send_comm_free(sc);
+    erdma_object_closed();
     return 0;
 }
 
@@ -970,5 +975,6 @@ int erdma_close_recv(void *recv_comm) {
     if (rc->c.base.kind != COMM_RECV) return -EINVAL;
     rc->c.base.kind = 0;
     recv_comm_free(rc);
+    erdma_object_closed();
     return 0;
 }

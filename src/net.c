@@ -32,7 +32,9 @@ void erdma_set_net_version(int version) {
     pthread_mutex_unlock(&init_lock);
 }
 static int init_refs;
-static pid_t init_pid; /* the process whose init opened the devices */
+static pid_t init_pid;        /* the process whose init opened the devices */
+static int open_objects;      /* comms and registrations not closed yet (atomic) */
+static bool release_deferred; /* the last finalize came while some were open */
 
 /* Names the devices for the counters and starts the stats file writer. */
 static void stats_begin_devices(void) {
@@ -49,6 +51,10 @@ int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     erdma_log_set(logger);
     if (prof) prof_set(prof); /* NCCL hands every context the same one */
     if (init_refs++ > 0) goto out;
+    if (release_deferred) { /* the devices are still open: the handles NCCL holds use them */
+        release_deferred = false;
+        goto out;
+    }
     init_pid = getpid();
 
     int bad = params_load();
@@ -110,7 +116,35 @@ static void release_all(void) {
 
 void erdma_finalize(void) {
     pthread_mutex_lock(&init_lock);
-    if (init_refs > 0 && --init_refs == 0) release_all();
+    if (init_refs > 0 && --init_refs == 0) {
+        int open = __atomic_load_n(&open_objects, __ATOMIC_ACQUIRE);
+        if (open > 0) {
+            INFO(NCCL_NET,
+                 "finalize with %d comm(s) or memory registration(s) still open: the devices "
+                 "are released when the last of them is closed",
+                 open);
+            release_deferred = true;
+        } else {
+            release_all();
+        }
+    }
+    pthread_mutex_unlock(&init_lock);
+}
+
+void erdma_object_opened(void) {
+    __atomic_add_fetch(&open_objects, 1, __ATOMIC_ACQ_REL);
+}
+
+void erdma_object_closed(void) {
+    if (__atomic_sub_fetch(&open_objects, 1, __ATOMIC_ACQ_REL) > 0) return;
+    pthread_mutex_lock(&init_lock);
+    if (release_deferred && init_refs == 0 &&
+        __atomic_load_n(&open_objects, __ATOMIC_ACQUIRE) == 0) {
+        release_deferred = false;
+        INFO(NCCL_NET, "the last comm or registration open at finalize is closed: releasing the "
+                       "devices");
+        release_all();
+    }
     pthread_mutex_unlock(&init_lock);
 }
 
@@ -120,9 +154,14 @@ __attribute__((destructor)) static void erdma_unload(void) {
     /* A forked child that exits inherited the parent's state but not its async thread: its
      * stop pipe and verbs file descriptors are the parent's, and releasing through them would
      * stop the parent's thread and destroy the parent's resources. */
-    if (init_refs > 0 && getpid() != init_pid) init_refs = 0;
-    if (init_refs > 0) release_all();
+    if (getpid() != init_pid) {
+        init_refs = 0;
+        release_deferred = false;
+    }
+    /* at exit or dlclose with handles still open: the async thread must stop all the same */
+    if (init_refs > 0 || release_deferred) release_all();
     init_refs = 0;
+    release_deferred = false;
     erdma_log_set(NULL);
     pthread_mutex_unlock(&init_lock);
 }
@@ -159,6 +198,7 @@ int erdma_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) 
     int rc = mr_cache_get(dev->mrs, data, size, type, &m);
     if (rc) return rc;
     *mhandle = m;
+    erdma_object_opened();
     return 0;
 }
 
@@ -171,11 +211,13 @@ int erdma_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t 
     int rc = mr_cache_get_dmabuf(dev->mrs, data, size, offset, fd, &m);
     if (rc) return rc;
     *mhandle = m;
+    erdma_object_opened();
     return 0;
 }
 
 int erdma_dereg_mr(void *comm, void *mhandle) {
     if (!mhandle) return 0;
     mr_cache_put(mhandle);
+    erdma_object_closed();
     return 0;
 }

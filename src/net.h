@@ -19,6 +19,11 @@ int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof);
 /* The ncclNet version NCCL loaded (8..12), before erdma_init: 0 when unknown (tests, tools). */
 void erdma_set_net_version(int version);
 void erdma_finalize(void);
+/* Comms and memory registrations NCCL holds. A last finalize while some are open (an abort
+ * path may finalize first; net_ib never releases its devices at all) keeps the devices, and
+ * everything else the handles point into, until the last of them is closed. */
+void erdma_object_opened(void);
+void erdma_object_closed(void);
 int erdma_devices(int *ndev);
 int erdma_get_properties(int dev, struct erdma_props *props);
 

@@ -1922,6 +1922,111 @@ static int abandoned_main(struct duo *d, void *arg) {
     return usage_compare("abandoned connect, finalize", c, cycles, &a, &b, 0);
 }
 
+/* NCCL's abort may finalize before it closes (net_ib never releases its devices, so there that
+ * order is harmless). A last finalize with comms and registrations open must keep what their
+ * handles point into, release it when the last is closed, and let a later init use the devices
+ * that are still open. Both ends in this process. */
+struct solo_pair {
+    void *lc, *sc, *rc, *smh, *rmh;
+    uint8_t *sbuf, *rbuf;
+};
+
+static int solo_pair_open(struct netapi *n, struct solo_pair *p) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    memset(p, 0, sizeof(*p));
+    CHECK(net_listen(n, handle, &p->lc) == 0);
+    double end = now_s() + TMO;
+    while ((!p->sc || !p->rc) && now_s() < end) {
+        ncclNetDeviceHandle_t *dh = NULL;
+        if (!p->sc) CHECK(n->p.v12->connect(n->ctx, n->dev, handle, &p->sc, &dh) == 0);
+        if (!p->rc) CHECK(n->t12->accept(p->lc, &p->rc, &dh) == 0);
+    }
+    CHECK(p->sc && p->rc);
+    CHECK((p->sbuf = page_alloc(SMALL)) && (p->rbuf = page_alloc(SMALL)));
+    CHECK(net_regmr(n, p->sc, p->sbuf, SMALL, &p->smh) == 0);
+    CHECK(net_regmr(n, p->rc, p->rbuf, SMALL, &p->rmh) == 0);
+    return 0;
+}
+
+static int solo_exchange(struct netapi *n, struct solo_pair *p, uint8_t seed) {
+    void *data = p->rbuf, *rreq, *sreq;
+    size_t len = SMALL;
+    int tag = 0, got = -1;
+    pattern_fill(p->sbuf, SMALL, seed);
+    memset(p->rbuf, 0, SMALL);
+    CHECK(net_irecv(n, p->rc, 1, &data, &len, &tag, &p->rmh, &rreq, TMO) == 0);
+    CHECK(net_isend(n, p->sc, p->sbuf, SMALL, 0, p->smh, &sreq, TMO) == 0);
+    CHECK(net_wait(n, sreq, NULL, TMO) == 0);
+    CHECK(net_wait(n, rreq, &got, TMO) == 0);
+    CHECK(got == SMALL && pattern_check(p->rbuf, SMALL, seed) < 0);
+    return 0;
+}
+
+static int solo_pair_close_send(struct netapi *n, struct solo_pair *p) {
+    CHECK(net_deregmr(n, p->sc, p->smh) == 0);
+    CHECK(net_close_send(n, p->sc) == 0);
+    free(p->sbuf);
+    return 0;
+}
+
+static int solo_pair_close_rest(struct netapi *n, struct solo_pair *p) {
+    CHECK(net_deregmr(n, p->rc, p->rmh) == 0);
+    CHECK(net_close_recv(n, p->rc) == 0);
+    CHECK(net_close_listen(n, p->lc) == 0);
+    free(p->rbuf);
+    return 0;
+}
+
+static int finalize_open_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    struct solo_pair p1, p2;
+    struct usage a, b;
+    (void)d;
+    CHECK(net_open(&n, c->version, c->dev) == 0); /* a first cycle: what loading keeps */
+    CHECK(solo_pair_open(&n, &p1) == 0);
+    CHECK(solo_pair_close_send(&n, &p1) == 0 && solo_pair_close_rest(&n, &p1) == 0);
+    net_close(&n);
+    usage_take(&a, 1);
+
+    /* finalize first, then a later init while the first pair is half open */
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(solo_pair_open(&n, &p1) == 0);
+    CHECK(solo_exchange(&n, &p1, 3) == 0);
+    log_reset();
+    CHECK(n.t12->finalize(n.ctx) == 0);
+    CHECK(log_contains("still open: the devices are released when the last of them is closed"));
+    CHECK(solo_pair_close_send(&n, &p1) == 0);
+    void *ctx2 = NULL;
+    ncclNetCommConfig_t cfg = {.trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF};
+    CHECK(n.t12->init(&ctx2, 43, &cfg, log_capture, NULL) == 0);
+    n.ctx = ctx2;
+    CHECK(solo_pair_open(&n, &p2) == 0);
+    CHECK(solo_exchange(&n, &p2, 4) == 0);
+    CHECK(solo_pair_close_rest(&n, &p1) == 0); /* init holds the devices: nothing released */
+    CHECK(solo_exchange(&n, &p2, 5) == 0);
+    CHECK(solo_pair_close_send(&n, &p2) == 0 && solo_pair_close_rest(&n, &p2) == 0);
+    CHECK(n.t12->finalize(n.ctx) == 0); /* nothing open: released here */
+
+    /* finalize first, then every close: the last one releases the devices */
+    CHECK(n.t12->init(&n.ctx, 44, &cfg, log_capture, NULL) == 0);
+    CHECK(solo_pair_open(&n, &p1) == 0);
+    CHECK(solo_exchange(&n, &p1, 6) == 0);
+    CHECK(n.t12->finalize(n.ctx) == 0);
+    n.ctx = NULL;
+    log_reset();
+    CHECK(solo_pair_close_send(&n, &p1) == 0 && solo_pair_close_rest(&n, &p1) == 0);
+    CHECK(log_contains("releasing the devices"));
+    usage_settled(c, &b, &a, 1); /* with the plugin still loaded: the last close released */
+    net_close(&n);
+    CHECK(a.fds == b.fds);
+    CHECK(!strcmp(a.rdma, b.rdma));
+    figure("finalize before close on %s: every close worked, the last released the devices "
+           "(fds %d -> %d)",
+           c->dev, a.fds, b.fds);
+    return 0;
+}
+
 /* ------------------------------------------------------------ scenarios: packet loss
  * Needs tests/vm/loss_setup.sh (run by tests/vm/loss_test.sh inside the VM): rxl0 on vl0
  * (10.79.0.1) and rxl1 on vl1 (10.79.0.2), a veth pair. RoCE packets rxl0 -> rxl1 leave
@@ -2103,6 +2208,7 @@ static const struct scenario scenarios[] = {
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
     {"hygiene/forked_child_exits", RUN_SOLO, forked_child_main, NULL, NULL},
     {"hygiene/abandoned_connect", RUN_SOLO, abandoned_main, NULL, NULL},
+    {"hygiene/finalize_before_close", RUN_SOLO, finalize_open_main, NULL, NULL},
     {"hygiene/plugin_reload_cycles", RUN_SOLO, reload_main, NULL, NULL},
 };
 
