@@ -308,11 +308,35 @@ int stats_file_name(const char *tmpl, long pid, char *out, size_t outlen) {
     return 0;
 }
 
+static int write_all(int fd, const char *p, size_t len) {
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return n < 0 ? -errno : -EIO;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
 int stats_write_file(const char *tmpl) {
     char path[4096], tmp[4096 + 32];
     long pid = (long)getpid();
     int rc = stats_file_name(tmpl, pid, path, sizeof(path));
     if (rc) return rc;
+    /* The text is made in memory under the registry lock, and the file is written without
+     * it: connect, accept and close take that lock, and a filesystem that hangs (NFS) must
+     * stall this thread only, never connection setup. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    if (!m) return -errno;
+    rc = stats_write_prometheus(m, pid);
+    if (fclose(m) && !rc) rc = -ENOMEM;
+    if (rc) {
+        free(text);
+        return rc;
+    }
     /* the collector reads only *.prom: it never sees the half-written temporary */
     snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, pid);
     /* Its name is predictable: in a shared directory someone may have put a link (we would
@@ -320,16 +344,14 @@ int stats_write_file(const char *tmpl) {
      * never waited on. */
     unlink(tmp);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    if (fd < 0) return -errno;
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
+    if (fd < 0) {
         rc = -errno;
-        close(fd);
-        unlink(tmp);
+        free(text);
         return rc;
     }
-    rc = stats_write_prometheus(f, pid);
-    if (fclose(f) && !rc) rc = -errno;
+    rc = write_all(fd, text, len);
+    free(text);
+    if (close(fd) && !rc) rc = -errno;
     if (!rc && rename(tmp, path)) rc = -errno;
     if (rc) unlink(tmp);
     return rc;

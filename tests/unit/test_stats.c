@@ -10,12 +10,15 @@
 
 #include <errno.h>
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -210,6 +213,80 @@ static void test_file_replaced(void **state) {
     stats_conn_close(&a);
 }
 
+/* write(2) as this test binary sees it (the plugin's code is linked in): while a test arms it,
+ * a write to a file whose name holds "erdma-hang-" blocks, as on a filesystem that hangs (NFS),
+ * until the test lets it go or 5 s pass. Everything else goes straight to the kernel. */
+enum { HANG_OFF, HANG_ARMED, HANG_BLOCKED, HANG_RELEASED };
+static int hang_state;
+
+static bool is_hang_file(int fd) {
+    char link[64], target[256];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof(target) - 1);
+    if (n <= 0) return false;
+    target[n] = 0;
+    return strstr(target, "erdma-hang-") != NULL;
+}
+
+ssize_t write(int fd, const void *buf, size_t len) {
+    int armed = HANG_ARMED;
+    if (__atomic_load_n(&hang_state, __ATOMIC_ACQUIRE) == HANG_ARMED && is_hang_file(fd) &&
+        __atomic_compare_exchange_n(&hang_state, &armed, HANG_BLOCKED, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+        for (int i = 0; i < 500 && __atomic_load_n(&hang_state, __ATOMIC_ACQUIRE) == HANG_BLOCKED;
+             i++)
+            usleep(10000);
+    return syscall(SYS_write, fd, buf, len);
+}
+
+static void *write_file_thread(void *tmpl) {
+    return (void *)(intptr_t)stats_write_file(tmpl);
+}
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Connect, accept and close take the registry lock: a stats file stuck in write() must not
+ * hold it. */
+static void test_hung_file_write_leaves_registry_free(void **state) {
+    char dir[] = "/tmp/erdma-stats-XXXXXX", tmpl[128], path[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(tmpl, sizeof(tmpl), "%s/erdma-hang-%%p.prom", dir);
+    struct stats_conn a, b;
+    stats_conn_open(&a, 0, STATS_SEND, "peer-a");
+    stats_add(&a.c.bytes_sent, 4242);
+    __atomic_store_n(&hang_state, HANG_ARMED, __ATOMIC_RELEASE);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, write_file_thread, tmpl), 0);
+    for (int i = 0; i < 300 && __atomic_load_n(&hang_state, __ATOMIC_ACQUIRE) != HANG_BLOCKED; i++)
+        usleep(10000);
+    /* the file's bytes go out through write(2): stuck there now */
+    assert_int_equal(__atomic_load_n(&hang_state, __ATOMIC_ACQUIRE), HANG_BLOCKED);
+    double t0 = mono_s();
+    stats_conn_open(&b, 1, STATS_RECV, "peer-b"); /* a connection being set up */
+    stats_conn_close(&a);                         /* and one closing */
+    double waited = mono_s() - t0;
+    bool still_blocked = __atomic_load_n(&hang_state, __ATOMIC_ACQUIRE) == HANG_BLOCKED;
+    __atomic_store_n(&hang_state, HANG_RELEASED, __ATOMIC_RELEASE);
+    void *ret;
+    pthread_join(t, &ret);
+    __atomic_store_n(&hang_state, HANG_OFF, __ATOMIC_RELEASE);
+    print_message("registry calls during a stuck stats write took %.3f s\n", waited);
+    assert_true(still_blocked); /* they returned while the write was stuck, not after it */
+    assert_true(waited < 2.0);
+    assert_int_equal((int)(intptr_t)ret, 0);
+    stats_file_name(tmpl, (long)getpid(), path, sizeof(path));
+    char *text = slurp(path);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "} 4242\n")); /* the counts as they were when it started */
+    stats_conn_close(&b);
+    unlink(path);
+    rmdir(dir);
+}
+
 static bool wait_for(const char *path, const char *needle, int ms) {
     for (int i = 0; i < ms / 20; i++) {
         char *t = slurp(path);
@@ -276,6 +353,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_file_replaced, setup, teardown),
         cmocka_unit_test_setup_teardown(test_writer_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_path_warns, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hung_file_write_leaves_registry_free, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
