@@ -186,15 +186,8 @@ int oob_peer_alive(int fd) {
 }
 
 int oob_peer_hung_up(int fd) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & POLLIN) {
-        char c;
-        ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (r > 0) return 0; /* the next stage's message, early: it reads it */
-        if (r == 0) return -ECONNRESET;
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-        return -ECONNRESET;
-    }
-    return p.revents & (POLLERR | POLLHUP) ? -ECONNRESET : 0;
+    /* oob_peer_alive's reading, where any byte (goodbye-like or not) is the next stage's
+     * message arriving early, left unread */
+    int ret = oob_peer_alive(fd);
+    return ret < 0 && ret != -EPROTO ? -ECONNRESET : 0;
 }
