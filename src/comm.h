@@ -110,6 +110,9 @@ struct send_slot {
         void *data;
         uint64_t size;
         uint32_t lkey;
+        /* host memory: the CPU may copy it into the work request (inline). A GPU buffer
+         * is the NIC's to read: a CPU copy of it faults (SIGSEGV) */
+        bool cpu_readable;
     } sends[ERDMA_MAX_RECVS];
 };
 

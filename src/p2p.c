@@ -476,7 +476,8 @@ static int send_post_single(struct send_comm *sc, struct send_slot *slot, uint32
                              .imm_data = htonl(size),
                              .wr.rdma = {.remote_addr = e->addr, .rkey = e->rkey}},
                        *bad;
-    if (c->inline_payload && size <= (uint32_t)qp->max_inline) wr.send_flags |= IBV_SEND_INLINE;
+    if (c->inline_payload && slot->sends[0].cpu_readable && size <= (uint32_t)qp->max_inline)
+        wr.send_flags |= IBV_SEND_INLINE;
     int ret = post_send(c, qp->qp, &wr, &bad);
     if (ret) return send_post_failed(c, qp, 1, ret);
     qp_sq_push(qp, 1, true);
@@ -550,7 +551,8 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
                     .wr.rdma = {.remote_addr = fifo[cts_index(idx, i)].addr + off,
                                 .rkey = fifo[cts_index(idx, i)].rkey},
                 };
-                if (piece <= (uint32_t)q->max_inline && c->inline_payload)
+                if (piece <= (uint32_t)q->max_inline && c->inline_payload &&
+                    slot->sends[i].cpu_readable)
                     wrs[nwr].send_flags = IBV_SEND_INLINE;
                 if (nwr > 0) wrs[nwr - 1].next = &wrs[nwr];
                 nwr++;
@@ -847,6 +849,8 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     slot->sends[i].data = data;
     slot->sends[i].size = size;
     slot->sends[i].lkey = mr ? mr->mr->lkey : 0;
+    /* inline copies with the CPU: only host registrations (dma-buf ones are GPU memory) */
+    slot->sends[i].cpu_readable = !mr || mr->type == NCCL_PTR_HOST;
     *request = req;
     if (++slot->matched < n) return 0;
     sc->fifo_seq++;

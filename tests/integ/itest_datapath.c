@@ -7,12 +7,14 @@
 #include "netapi.h"
 
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -648,36 +650,114 @@ static int rounds_send(struct duo *d, void *arg) {
     return 0;
 }
 
+/* ------------------------------------------------------------ scenario: GPU memory. A GPU
+ * buffer is the NIC's to read and write, never the CPU's. Registered as NCCL_PTR_CUDA
+ * (NCCL_ERDMA_GDR=1 stands in for peer memory), host pages with no access at all
+ * (PROT_NONE) behave as one does: the device reaches them through the pages the
+ * registration pinned, and any CPU copy of the payload (an inline send) faults. The small
+ * sizes, those NCCL's LL protocol moves, are the ones that would go inline.
+ * RoCE devices only: siw's kernel itself copies a small payload from user space
+ * (copy_from_user) when the post's system call runs the send, which no-access pages fail;
+ * a NIC does not. */
+static const size_t gpu_sizes[] = {1, 8, 64, 96, 97, 4096, 60000};
+#define NGPU      (sizeof(gpu_sizes) / sizeof(gpu_sizes[0]))
+#define GPU_SLOT  65536
+#define GPU_BYTES (NGPU * GPU_SLOT)
+
+static uint8_t *gpu_like_alloc(void) {
+    void *p = mmap(NULL, GPU_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static int gpu_recv(struct duo *d, void *arg) {
+    struct side s;
+    void *mh;
+    CHECK(recv_side_open(d, arg, &s) == 0);
+    uint8_t *buf = gpu_like_alloc();
+    CHECK(buf);
+    memset(buf, CANARY, GPU_BYTES);
+    CHECK(net_regmr_type(&s.n, s.comm, buf, GPU_BYTES, NCCL_PTR_CUDA, &mh) == 0);
+    CHECK(mprotect(buf, GPU_BYTES, PROT_NONE) == 0);
+    for (size_t i = 0; i < NGPU; i++) {
+        void *req, *freq = NULL, *data = buf + i * GPU_SLOT;
+        size_t post = GPU_SLOT;
+        int tag = (int)i, got = -1;
+        CHECK(net_irecv(&s.n, s.comm, 1, &data, &post, &tag, &mh, &req, TMO) == 0);
+        CHECK(net_wait(&s.n, req, &got, TMO) == 0);
+        CHECK(got == (int)gpu_sizes[i]);
+        /* NCCL flushes what lands in GPU memory: an RDMA read, by the NIC too */
+        CHECK(net_iflush(&s.n, s.comm, 1, &data, &got, &mh, &freq) == 0);
+        if (freq) CHECK(net_wait(&s.n, freq, NULL, TMO) == 0);
+    }
+    CHECK(mprotect(buf, GPU_BYTES, PROT_READ | PROT_WRITE) == 0);
+    for (size_t i = 0; i < NGPU; i++) {
+        long bad = pattern_check(buf + i * GPU_SLOT, gpu_sizes[i], (uint32_t)i);
+        if (bad >= 0) fprintf(stderr, "size %zu: first wrong byte at %ld\n", gpu_sizes[i], bad);
+        CHECK(bad < 0);
+        CHECK(buf[i * GPU_SLOT + gpu_sizes[i]] == CANARY);
+    }
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    munmap(buf, GPU_BYTES);
+    return recv_side_close(&s);
+}
+
+static int gpu_send(struct duo *d, void *arg) {
+    struct side s;
+    void *mh;
+    CHECK(send_side_open(d, arg, &s) == 0);
+    uint8_t *buf = gpu_like_alloc();
+    CHECK(buf);
+    for (size_t i = 0; i < NGPU; i++)
+        pattern_fill(buf + i * GPU_SLOT, gpu_sizes[i], (uint32_t)i);
+    CHECK(net_regmr_type(&s.n, s.comm, buf, GPU_BYTES, NCCL_PTR_CUDA, &mh) == 0);
+    CHECK(mprotect(buf, GPU_BYTES, PROT_NONE) == 0);
+    for (size_t i = 0; i < NGPU; i++) {
+        void *req;
+        int done_size = -1;
+        CHECK(net_isend(&s.n, s.comm, buf + i * GPU_SLOT, gpu_sizes[i], (int)i, mh, &req, TMO) ==
+              0);
+        CHECK(net_wait(&s.n, req, &done_size, TMO) == 0);
+        CHECK(done_size == (int)gpu_sizes[i]);
+    }
+    CHECK(mprotect(buf, GPU_BYTES, PROT_READ | PROT_WRITE) == 0);
+    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
+    munmap(buf, GPU_BYTES);
+    return send_side_close(&s);
+}
+
 /* ------------------------------------------------------------ cmocka glue */
 struct scenario {
     const char *name;
     duo_fn recv, send;
     const char *env;
+    bool roce_only; /* not generated for siw devices (the scenario says why) */
 };
 
 static const struct scenario scenarios[] = {
-    {"sizes", sizes_recv, sizes_send, NULL},
-    {"multirecv_tags", multi_recv, multi_send, NULL},
-    {"inflight32_out_of_order", inflight_recv, inflight_send, NULL},
-    {"multirecv_pipelined", pipe_recv, pipe_send, NULL},
-    {"sender_first", sendfirst_recv, sendfirst_send, NULL},
-    {"late_first_receive", late_recv, late_send, NULL},
-    {"several_comms", multicomm_recv, multicomm_send, NULL},
-    {"close_and_reconnect", rounds_recv, rounds_send, NULL},
-    {"forced_flush", flush_recv, flush_send, "NCCL_ERDMA_FORCE_FLUSH=1"},
-    {"flush_after_sender_closed", closed_flush_recv, closed_flush_send, "NCCL_ERDMA_FORCE_FLUSH=1"},
-    {"sizes_4qps_roundrobin", sizes_recv, sizes_send, "NCCL_IB_QPS_PER_CONNECTION=4"},
+    {"sizes", sizes_recv, sizes_send, NULL, false},
+    {"multirecv_tags", multi_recv, multi_send, NULL, false},
+    {"inflight32_out_of_order", inflight_recv, inflight_send, NULL, false},
+    {"multirecv_pipelined", pipe_recv, pipe_send, NULL, false},
+    {"sender_first", sendfirst_recv, sendfirst_send, NULL, false},
+    {"late_first_receive", late_recv, late_send, NULL, false},
+    {"several_comms", multicomm_recv, multicomm_send, NULL, false},
+    {"close_and_reconnect", rounds_recv, rounds_send, NULL, false},
+    {"forced_flush", flush_recv, flush_send, "NCCL_ERDMA_FORCE_FLUSH=1", false},
+    {"gpu_memory_cpu_unreadable", gpu_recv, gpu_send, "NCCL_ERDMA_GDR=1", true},
+    {"flush_after_sender_closed", closed_flush_recv, closed_flush_send, "NCCL_ERDMA_FORCE_FLUSH=1",
+     false},
+    {"sizes_4qps_roundrobin", sizes_recv, sizes_send, "NCCL_IB_QPS_PER_CONNECTION=4", false},
     {"sizes_4qps_split", sizes_recv, sizes_send,
-     "NCCL_IB_QPS_PER_CONNECTION=4;NCCL_IB_SPLIT_DATA_ON_QPS=1"},
+     "NCCL_IB_QPS_PER_CONNECTION=4;NCCL_IB_SPLIT_DATA_ON_QPS=1", false},
     {"multirecv_3qps_split", multi_recv, multi_send,
-     "NCCL_IB_QPS_PER_CONNECTION=3;NCCL_IB_SPLIT_DATA_ON_QPS=1"},
+     "NCCL_IB_QPS_PER_CONNECTION=3;NCCL_IB_SPLIT_DATA_ON_QPS=1", false},
     /* clear-to-sends one write each (net_ib's way), and batches of up to 16 */
-    {"sizes_cts_unbatched", sizes_recv, sizes_send, "NCCL_ERDMA_CTS_BATCH=1"},
-    {"multirecv_pipelined_batch16", pipe_recv, pipe_send, "NCCL_ERDMA_CTS_BATCH=16"},
-    {"multirecv_pipelined_3qps", pipe_recv, pipe_send, "NCCL_IB_QPS_PER_CONNECTION=3"},
+    {"sizes_cts_unbatched", sizes_recv, sizes_send, "NCCL_ERDMA_CTS_BATCH=1", false},
+    {"multirecv_pipelined_batch16", pipe_recv, pipe_send, "NCCL_ERDMA_CTS_BATCH=16", false},
+    {"multirecv_pipelined_3qps", pipe_recv, pipe_send, "NCCL_IB_QPS_PER_CONNECTION=3", false},
     /* rdma_cm on a RoCE device: warm-ups with write-with-imm completions */
     {"late_first_receive_rdmacm_3qps", late_recv, late_send,
-     "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_IB_QPS_PER_CONNECTION=3"},
+     "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_IB_QPS_PER_CONNECTION=3", false},
 };
 
 struct test_case {
@@ -710,6 +790,7 @@ int main(void) {
             for (size_t s = 0; s < nsc; s++) {
                 /* the option matrix runs on v12 only; v8 covers the base scenarios */
                 if (versions[v] == 8 && scenarios[s].env) continue;
+                if (scenarios[s].roce_only && !strncmp(dev, "siw", 3)) continue;
                 struct test_case *tc = &cases[n];
                 tc->sc = &scenarios[s];
                 snprintf(tc->cfg.dev, sizeof(tc->cfg.dev), "%s", dev);

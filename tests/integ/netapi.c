@@ -115,6 +115,10 @@ int net_regmr(struct netapi *n, void *comm, void *data, size_t size, void **mh) 
     return n->p.v8->regMr(comm, data, size, NCCL_PTR_HOST, mh);
 }
 
+int net_regmr_type(struct netapi *n, void *comm, void *data, size_t size, int type, void **mh) {
+    return n->p.v8->regMr(comm, data, size, type, mh);
+}
+
 int net_deregmr(struct netapi *n, void *comm, void *mh) {
     return n->p.v8->deregMr(comm, mh);
 }

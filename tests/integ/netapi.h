@@ -41,6 +41,8 @@ int net_listen(struct netapi *n, void *handle, void **lc);
 int net_connect(struct netapi *n, void *handle, void **sc, int timeout_s);
 int net_accept(struct netapi *n, void *lc, void **rc, int timeout_s);
 int net_regmr(struct netapi *n, void *comm, void *data, size_t size, void **mh);
+/* The same with NCCL's pointer type (NCCL_PTR_HOST or NCCL_PTR_CUDA). */
+int net_regmr_type(struct netapi *n, void *comm, void *data, size_t size, int type, void **mh);
 int net_deregmr(struct netapi *n, void *comm, void *mh);
 int net_isend(struct netapi *n, void *sc, void *data, size_t size, int tag, void *mh, void **req,
               int timeout_s);

@@ -82,6 +82,11 @@ static int mrs_hi, qps_hi; /* one past the highest slot ever used: loops stop th
 static uint32_t next_key = 0x1000, next_qpn = 0x11;
 static int live_ctx, live_pd, live_mr, live_cq, live_qp;
 static int post_errors, fail_next_post;
+/* GPU memory as the CPU sees it (fake_set_gpu_memory): the NIC reads it, an inline copy,
+ * which the CPU makes at post time, would fault */
+static uintptr_t gpu_lo, gpu_hi;
+static uintptr_t watch_lo, watch_hi; /* fake_watch_inline */
+static int inline_watched;
 
 /* ---------------------------------------------------------------- devices */
 static struct ibv_device **f_get_device_list(int *num) {
@@ -534,6 +539,14 @@ static enum ibv_wc_opcode wc_opcode_of(enum ibv_wr_opcode op) {
     }
 }
 
+static bool sges_touch(const struct ibv_send_wr *w, uintptr_t lo, uintptr_t hi) {
+    for (int i = 0; i < w->num_sge; i++) {
+        uintptr_t a = (uintptr_t)w->sg_list[i].addr;
+        if (w->sg_list[i].length && a < hi && a + w->sg_list[i].length > lo) return true;
+    }
+    return false;
+}
+
 static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
     struct fake_qp *q = (struct fake_qp *)qp;
     pthread_mutex_lock(&lock);
@@ -553,6 +566,7 @@ static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
         if (q->qp.state != IBV_QPS_RTS || w->num_sge < 0 ||
             w->num_sge > (int)q->cap.max_send_sge + (w->send_flags & IBV_SEND_INLINE ? 1 : 0) ||
             ((w->send_flags & IBV_SEND_INLINE) && len > q->cap.max_inline_data) ||
+            ((w->send_flags & IBV_SEND_INLINE) && sges_touch(w, gpu_lo, gpu_hi)) ||
             q->posted - q->released + (uint32_t)nwr + 1 > q->cap.max_send_wr) {
             post_errors++;
             *bad = w;
@@ -562,6 +576,8 @@ static int f_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_sen
         nwr++;
     }
     for (; wr; wr = wr->next) {
+        if ((wr->send_flags & IBV_SEND_INLINE) && sges_touch(wr, watch_lo, watch_hi))
+            inline_watched++;
         q->posted++;
         enum ibv_wc_status st = q->error ? IBV_WC_WR_FLUSH_ERR : exec_send_wr(q, wr);
         if (st != IBV_WC_SUCCESS) q->error = true;
@@ -660,7 +676,8 @@ void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg) {
     memset(qps, 0, sizeof(qps));
     mrs_hi = qps_hi = 0;
     live_ctx = live_pd = live_mr = live_cq = live_qp = 0;
-    post_errors = fail_next_post = 0;
+    post_errors = fail_next_post = inline_watched = 0;
+    gpu_lo = gpu_hi = watch_lo = watch_hi = 0;
     struct verbs_api api = {
         .get_device_list = f_get_device_list,
         .free_device_list = f_free_device_list,
@@ -788,6 +805,25 @@ int fake_live_qps_cqs(void) {
 
 int fake_post_errors(void) {
     return post_errors;
+}
+
+void fake_set_gpu_memory(const void *addr, size_t len) {
+    pthread_mutex_lock(&lock);
+    gpu_lo = (uintptr_t)addr;
+    gpu_hi = (uintptr_t)addr + len;
+    pthread_mutex_unlock(&lock);
+}
+
+void fake_watch_inline(const void *addr, size_t len) {
+    pthread_mutex_lock(&lock);
+    watch_lo = (uintptr_t)addr;
+    watch_hi = (uintptr_t)addr + len;
+    inline_watched = 0;
+    pthread_mutex_unlock(&lock);
+}
+
+int fake_inline_watched(void) {
+    return inline_watched;
 }
 
 void fake_fail_next_post(int err) {

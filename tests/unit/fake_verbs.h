@@ -17,6 +17,7 @@
 #include "verbs.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define FAKE_MAX_DEVICES 4
@@ -58,6 +59,13 @@ int fake_cq_pending(struct ibv_cq *cq);
 bool fake_cq_overflowed(struct ibv_cq *cq);
 /* Errors a NIC would have refused at post time (bad inline size, SQ overflow...). */
 int fake_post_errors(void);
+/* Makes [addr, addr+len) GPU memory as the CPU sees it: the fake NIC still reads and writes
+ * it, but a send that asks the CPU to copy it inline is refused at post time (a post error;
+ * on a real provider the copy faults). len 0 clears it. */
+void fake_set_gpu_memory(const void *addr, size_t len);
+/* Counts, from now on, the send WRs posted inline with a payload in [addr, addr+len). */
+void fake_watch_inline(const void *addr, size_t len);
+int fake_inline_watched(void);
 /* QPs and CQs alive now (a closed comm must leave none of its own). */
 int fake_live_qps_cqs(void);
 /* Queues an async event for device dev (async thread tests). */

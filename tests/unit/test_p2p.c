@@ -640,6 +640,76 @@ static void test_dmabuf_device_flushes(void **state) {
     close_pair(&p);
 }
 
+static int setup_gdr(void **state) {
+    const char *env[] = {"NCCL_ERDMA_GDR=1", NULL};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    return 0;
+}
+
+/* Sends from GPU memory never go inline: the CPU copies an inline payload at post time, and
+ * a GPU buffer is not readable by the CPU (on a node, SIGSEGV in ibv_post_send for every
+ * send of <= 96 bytes: NCCL's LL messages). Host memory still goes inline. Both the one-WR
+ * path (one buffer) and the general one (a grouped receive of two) are covered. */
+static void test_gpu_payload_never_inline(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    static uint8_t gpu[4096] __attribute__((aligned(4096))), dst[2][256];
+    void *gmh = NULL, *rmh[2];
+    assert_int_equal(erdma_reg_mr(p.sc, gpu, sizeof(gpu), NCCL_PTR_CUDA, &gmh), 0);
+    for (int b = 0; b < 2; b++)
+        rmh[b] = reg(p.rc, dst[b], sizeof(dst[b]));
+    for (size_t i = 0; i < sizeof(gpu); i++)
+        gpu[i] = (uint8_t)(i * 13 + 5);
+    fake_set_gpu_memory(gpu, sizeof(gpu));
+    fake_watch_inline(gpu, sizeof(gpu));
+    const size_t lens[] = {1, 8, 64, 96};
+    for (int nb = 1; nb <= 2; nb++) {
+        for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+            void *data[2] = {dst[0], dst[1]}, *rreq = NULL, *sreq[2] = {NULL, NULL};
+            size_t sizes[2] = {sizeof(dst[0]), sizeof(dst[1])};
+            int tags[2] = {1, 2}, got[2] = {-1, -1};
+            memset(dst, 0, sizeof(dst));
+            assert_int_equal(erdma_irecv(p.rc, nb, data, sizes, tags, rmh, NULL, &rreq), 0);
+            assert_non_null(rreq);
+            for (int b = 0; b < nb; b++)
+                for (int i = 0; i < POLL_LIMIT && !sreq[b]; i++)
+                    assert_int_equal(
+                        erdma_isend(p.sc, gpu + 100 * b, lens[k], tags[b], gmh, NULL, &sreq[b]), 0);
+            for (int b = 0; b < nb; b++) {
+                assert_non_null(sreq[b]);
+                assert_int_equal(wait_req(sreq[b], NULL), 1);
+            }
+            assert_int_equal(wait_req(rreq, got), 1);
+            for (int b = 0; b < nb; b++) {
+                assert_int_equal(got[b], (int)lens[k]);
+                assert_memory_equal(dst[b], gpu + 100 * b, lens[k]);
+            }
+        }
+    }
+    assert_int_equal(fake_post_errors(), 0);
+    assert_int_equal(fake_inline_watched(), 0); /* the CPU never copied from the GPU */
+    fake_set_gpu_memory(NULL, 0);
+    /* host memory: the payload still goes inline (NCCL_ERDMA_INLINE_PAYLOAD's default) */
+    static uint8_t host[64];
+    void *hmh = reg(p.sc, host, sizeof(host)), *data[1] = {dst[0]}, *rreq = NULL, *sreq = NULL;
+    size_t sizes[1] = {sizeof(dst[0])};
+    int tags[1] = {3};
+    fake_watch_inline(host, sizeof(host));
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, rmh, NULL, &rreq), 0);
+    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
+        assert_int_equal(erdma_isend(p.sc, host, 8, 3, hmh, NULL, &sreq), 0);
+    assert_non_null(sreq);
+    assert_int_equal(wait_req(sreq, NULL), 1);
+    assert_int_equal(wait_req(rreq, NULL), 1);
+    assert_int_equal(fake_inline_watched(), 1);
+    erdma_dereg_mr(p.sc, hmh);
+    erdma_dereg_mr(p.sc, gmh);
+    for (int b = 0; b < 2; b++)
+        erdma_dereg_mr(p.rc, rmh[b]);
+    close_pair(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip, setup_one, teardown_env),
@@ -662,6 +732,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_peer_rewrites_fifo_size, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_split_and_flush, setup_split, teardown_env),
         cmocka_unit_test_setup_teardown(test_dmabuf_device_flushes, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_gpu_payload_never_inline, setup_gdr, teardown_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
