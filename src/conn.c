@@ -884,6 +884,14 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
         as->stage = AS_WARMUP;
         /* fall through */
     case AS_WARMUP:
+        /* After its ready message the sender waits, silent, for our confirmation: an end on
+         * the socket is a sender that died or gave up, whose missing warm-ups never come. */
+        if (oob_peer_hung_up(as->rc->c.fd)) {
+            WARN("%s: %s closed the connection after its ready message, before its warm-up "
+                 "SENDs arrived: its process exited or it gave up (its log says why)",
+                 dev->name, as->peer);
+            return -ECONNRESET;
+        }
         rc = p2p_recv_warmup_done(as->rc);
         if (rc <= 0) return rc;
         memset(&as->msg, 0, sizeof(as->msg));

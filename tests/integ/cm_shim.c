@@ -5,7 +5,10 @@
  * not used it yet (a stranger's request to the flush loopback's listener during its setup),
  * with no test code inside the plugin. CM_SHIM_DIE_IN=<function> makes the process kill itself
  * (SIGKILL) when the plugin calls that function: a peer that dies at one exact step of the
- * rdma_cm handshake.
+ * rdma_cm handshake. CM_SHIM_DIE_IN=warmup_repeat makes it lose its zero-length SENDs (the
+ * sender's warm-ups) and die at the second, the repeat a sender posts once its ready message
+ * is out and its receiver has not confirmed: a receiver then waits for warm-ups that never
+ * come, from a sender that is gone.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -61,8 +64,6 @@ FORWARD(int, rdma_resolve_addr,
         (struct rdma_cm_id * id, struct sockaddr *src, struct sockaddr *dst, int ms),
         (id, src, dst, ms))
 FORWARD(int, rdma_resolve_route, (struct rdma_cm_id * id, int ms), (id, ms))
-FORWARD(int, rdma_create_qp,
-        (struct rdma_cm_id * id, struct ibv_pd *pd, struct ibv_qp_init_attr *a), (id, pd, a))
 FORWARD(void, rdma_destroy_qp, (struct rdma_cm_id * id), (id))
 FORWARD(int, rdma_connect, (struct rdma_cm_id * id, struct rdma_conn_param *p), (id, p))
 FORWARD(int, rdma_accept, (struct rdma_cm_id * id, struct rdma_conn_param *p), (id, p))
@@ -76,6 +77,32 @@ FORWARD(int, rdma_migrate_id, (struct rdma_cm_id * id, struct rdma_event_channel
 FORWARD(uint16_t, rdma_get_src_port, (struct rdma_cm_id * id), (id))
 FORWARD(struct ibv_context **, rdma_get_devices, (int *n), (n))
 FORWARD(void, rdma_free_devices, (struct ibv_context * *list), (list))
+
+/* The plugin posts through ibv_post_send, which calls the QP's context's post_send. */
+static int (*real_post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+
+static int lossy_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+    static int lost;
+    if (wr && !wr->next && wr->opcode == IBV_WR_SEND && wr->num_sge == 0) { /* a warm-up */
+        if (++lost == 2) raise(SIGKILL);
+        return 0;
+    }
+    return real_post_send(qp, wr, bad);
+}
+
+int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
+    static int (*f)(struct rdma_cm_id *, struct ibv_pd *, struct ibv_qp_init_attr *);
+    maybe_die("rdma_create_qp");
+    if (!f) *(void **)&f = real("rdma_create_qp");
+    int ret = f(id, pd, a);
+    const char *at = getenv("CM_SHIM_DIE_IN");
+    if (ret == 0 && at && !strcmp(at, "warmup_repeat") &&
+        id->qp->context->ops.post_send != lossy_post_send) {
+        real_post_send = id->qp->context->ops.post_send;
+        id->qp->context->ops.post_send = lossy_post_send;
+    }
+    return ret;
+}
 
 int rdma_listen(struct rdma_cm_id *id, int backlog) {
     static int (*f)(struct rdma_cm_id *, int);

@@ -366,9 +366,9 @@ static int handshake_death_seen(const struct cfg *c, const struct side *s, doubl
     return 0;
 }
 
-/* The sender dies as it starts its rdma_cm requests, after the receiver's reply. */
-static int cm_death_sender_survivor(struct duo *d, void *arg) {
-    const struct cfg *c = arg;
+/* A receiver whose sender dies in the handshake: accept must fail, saying `why`. */
+static int cm_sender_death_seen(struct duo *d, const struct cfg *c, const char *what,
+                                const char *why) {
     struct side s;
     void *comm = NULL;
     int rc = 0;
@@ -383,7 +383,12 @@ static int cm_death_sender_survivor(struct duo *d, void *arg) {
         rc = s.n.t12->accept(s.lc, &comm, &dh);
     }
     CHECK(comm == NULL);
-    return handshake_death_seen(c, &s, t0, rc, "sender died starting its rdma_cm requests",
+    return handshake_death_seen(c, &s, t0, rc, what, why);
+}
+
+/* The sender dies as it starts its rdma_cm requests, after the receiver's reply. */
+static int cm_death_sender_survivor(struct duo *d, void *arg) {
+    return cm_sender_death_seen(d, arg, "sender died starting its rdma_cm requests",
                                 "closed the connection after our reply");
 }
 
@@ -395,6 +400,26 @@ static int cm_death_sender_victim(struct duo *d, void *arg) {
     CHECK(net_open(&s.n, c->version, c->dev) == 0);
     CHECK(duo_recv(d, s.handle, sizeof(s.handle)) == 0);
     net_connect(&s.n, s.handle, &comm, TMO); /* dies in it */
+    fprintf(stderr, "the victim's connect returned: CM_SHIM_DIE_IN did not apply\n");
+    return -1;
+}
+
+/* The sender's QPs are up and its ready message is out, but its warm-ups are lost (as siw
+ * now and then sits on one), and it dies before it says them again: the receiver waits for
+ * them with nothing to tell it the sender is gone but the socket's end. */
+static int cm_death_warmup_survivor(struct duo *d, void *arg) {
+    return cm_sender_death_seen(d, arg, "sender died before its warm-ups arrived",
+                                "closed the connection after its ready message");
+}
+
+static int cm_death_warmup_victim(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct side s;
+    void *comm;
+    CHECK(cm_victim_env("warmup_repeat") == 0);
+    CHECK(net_open(&s.n, c->version, c->dev) == 0);
+    CHECK(duo_recv(d, s.handle, sizeof(s.handle)) == 0);
+    net_connect(&s.n, s.handle, &comm, TMO); /* dies in it, at the warm-up's repeat */
     fprintf(stderr, "the victim's connect returned: CM_SHIM_DIE_IN did not apply\n");
     return -1;
 }
@@ -2184,6 +2209,8 @@ static const struct scenario scenarios[] = {
      NULL},
     {"death/sender_killed_in_rdmacm_handshake", RUN_KILL, cm_death_sender_survivor,
      cm_death_sender_victim, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_CONNECT_TIMEOUT=60"},
+    {"death/sender_killed_before_warmups_arrived", RUN_KILL, cm_death_warmup_survivor,
+     cm_death_warmup_victim, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_CONNECT_TIMEOUT=60"},
     {"death/receiver_killed_in_rdmacm_handshake", RUN_KILL, cm_death_receiver_survivor,
      cm_death_receiver_victim, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_CONNECT_TIMEOUT=60"},
     {"startup/connect_before_listener", RUN_DUO, late_listener_recv, late_listener_send, NULL},
