@@ -664,20 +664,39 @@ static const size_t gpu_sizes[] = {1, 8, 64, 96, 97, 4096, 60000};
 #define GPU_SLOT  65536
 #define GPU_BYTES (NGPU * GPU_SLOT)
 
-static uint8_t *gpu_like_alloc(void) {
+/* Maps the buffer, lets fill() write it while the CPU still may, registers it as GPU memory
+ * and takes every CPU access away. */
+static int gpu_like_open(struct side *s, uint8_t **buf, void **mh, void (*fill)(uint8_t *buf)) {
     void *p = mmap(NULL, GPU_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    CHECK(p != MAP_FAILED);
+    *buf = p;
+    fill(p);
+    CHECK(net_regmr_type(&s->n, s->comm, p, GPU_BYTES, NCCL_PTR_CUDA, mh) == 0);
+    CHECK(mprotect(p, GPU_BYTES, PROT_NONE) == 0);
+    return 0;
+}
+
+static int gpu_like_close(struct side *s, uint8_t *buf, void *mh) {
+    CHECK(net_deregmr(&s->n, s->comm, mh) == 0);
+    munmap(buf, GPU_BYTES);
+    return 0;
+}
+
+static void gpu_canaries(uint8_t *buf) {
+    memset(buf, CANARY, GPU_BYTES);
+}
+
+static void gpu_patterns(uint8_t *buf) {
+    for (size_t i = 0; i < NGPU; i++)
+        pattern_fill(buf + i * GPU_SLOT, gpu_sizes[i], (uint32_t)i);
 }
 
 static int gpu_recv(struct duo *d, void *arg) {
     struct side s;
     void *mh;
     CHECK(recv_side_open(d, arg, &s) == 0);
-    uint8_t *buf = gpu_like_alloc();
-    CHECK(buf);
-    memset(buf, CANARY, GPU_BYTES);
-    CHECK(net_regmr_type(&s.n, s.comm, buf, GPU_BYTES, NCCL_PTR_CUDA, &mh) == 0);
-    CHECK(mprotect(buf, GPU_BYTES, PROT_NONE) == 0);
+    uint8_t *buf;
+    CHECK(gpu_like_open(&s, &buf, &mh, gpu_canaries) == 0);
     for (size_t i = 0; i < NGPU; i++) {
         void *req, *freq = NULL, *data = buf + i * GPU_SLOT;
         size_t post = GPU_SLOT;
@@ -696,8 +715,7 @@ static int gpu_recv(struct duo *d, void *arg) {
         CHECK(bad < 0);
         CHECK(buf[i * GPU_SLOT + gpu_sizes[i]] == CANARY);
     }
-    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
-    munmap(buf, GPU_BYTES);
+    CHECK(gpu_like_close(&s, buf, mh) == 0);
     return recv_side_close(&s);
 }
 
@@ -705,12 +723,8 @@ static int gpu_send(struct duo *d, void *arg) {
     struct side s;
     void *mh;
     CHECK(send_side_open(d, arg, &s) == 0);
-    uint8_t *buf = gpu_like_alloc();
-    CHECK(buf);
-    for (size_t i = 0; i < NGPU; i++)
-        pattern_fill(buf + i * GPU_SLOT, gpu_sizes[i], (uint32_t)i);
-    CHECK(net_regmr_type(&s.n, s.comm, buf, GPU_BYTES, NCCL_PTR_CUDA, &mh) == 0);
-    CHECK(mprotect(buf, GPU_BYTES, PROT_NONE) == 0);
+    uint8_t *buf;
+    CHECK(gpu_like_open(&s, &buf, &mh, gpu_patterns) == 0);
     for (size_t i = 0; i < NGPU; i++) {
         void *req;
         int done_size = -1;
@@ -720,8 +734,7 @@ static int gpu_send(struct duo *d, void *arg) {
         CHECK(done_size == (int)gpu_sizes[i]);
     }
     CHECK(mprotect(buf, GPU_BYTES, PROT_READ | PROT_WRITE) == 0);
-    CHECK(net_deregmr(&s.n, s.comm, mh) == 0);
-    munmap(buf, GPU_BYTES);
+    CHECK(gpu_like_close(&s, buf, mh) == 0);
     return send_side_close(&s);
 }
 

@@ -392,16 +392,20 @@ static int cm_death_sender_survivor(struct duo *d, void *arg) {
                                 "closed the connection after our reply");
 }
 
-static int cm_death_sender_victim(struct duo *d, void *arg) {
-    const struct cfg *c = arg;
+/* A sender that connects and dies in it, where CM_SHIM_DIE_IN=die_in says. */
+static int cm_sender_dies_in(struct duo *d, const struct cfg *c, const char *die_in) {
     struct side s;
     void *comm;
-    CHECK(cm_victim_env("rdma_resolve_addr") == 0);
+    CHECK(cm_victim_env(die_in) == 0);
     CHECK(net_open(&s.n, c->version, c->dev) == 0);
     CHECK(duo_recv(d, s.handle, sizeof(s.handle)) == 0);
     net_connect(&s.n, s.handle, &comm, TMO); /* dies in it */
     fprintf(stderr, "the victim's connect returned: CM_SHIM_DIE_IN did not apply\n");
     return -1;
+}
+
+static int cm_death_sender_victim(struct duo *d, void *arg) {
+    return cm_sender_dies_in(d, arg, "rdma_resolve_addr");
 }
 
 /* The sender's QPs are up and its ready message is out, but its warm-ups are lost (as siw
@@ -413,15 +417,7 @@ static int cm_death_warmup_survivor(struct duo *d, void *arg) {
 }
 
 static int cm_death_warmup_victim(struct duo *d, void *arg) {
-    const struct cfg *c = arg;
-    struct side s;
-    void *comm;
-    CHECK(cm_victim_env("warmup_repeat") == 0);
-    CHECK(net_open(&s.n, c->version, c->dev) == 0);
-    CHECK(duo_recv(d, s.handle, sizeof(s.handle)) == 0);
-    net_connect(&s.n, s.handle, &comm, TMO); /* dies in it, at the warm-up's repeat */
-    fprintf(stderr, "the victim's connect returned: CM_SHIM_DIE_IN did not apply\n");
-    return -1;
+    return cm_sender_dies_in(d, arg, "warmup_repeat"); /* at the warm-up's repeat */
 }
 
 /* The receiver dies as it accepts the sender's rdma_cm request. */
