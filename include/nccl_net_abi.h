@@ -5,7 +5,8 @@
  * NCCL >= 2.29, ext-net/ before): member order, types and the 128-byte handle
  * limit are facts of the ABI. The static asserts at the bottom pin the x86-64
  * sizes and offsets that NCCL reads, so a typo here fails the build instead of
- * corrupting NCCL's view of a device.
+ * corrupting NCCL's view of a device; tests/nccl_graph/net_abi_test.cc compares every
+ * member, type and constant with NCCL's own nccl_net.h of each release checked.
  */
 #ifndef NCCL_NET_ABI_H
 #define NCCL_NET_ABI_H
