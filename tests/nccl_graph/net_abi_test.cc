@@ -11,11 +11,9 @@
  * NCCL's declarations live in the global namespace, ours in namespace `ours`; the two never
  * mix. Every mismatch is printed, and the exit status is 1 if there is one.
  */
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <type_traits>
 
 #include "nccl_net.h" /* NCCL's */
@@ -207,6 +205,9 @@ static void check_type(bool ok, const char *what) {
     MEMBER(O, T, finalize);                                                                        \
     MEMBER(O, T, setNetAttr);                                                                      \
     TABLE_V8_MEMBERS(O, T)
+#define CONFIG_MEMBERS(O, T)                                                                       \
+    MEMBER(O, T, trafficClass);                                                                    \
+    SIZE(O, T)
 #define ATTR_MEMBERS(O, T, CA, CT)                                                                 \
     MEMBER(CA, CT, maxConcurrentPeers);                                                            \
     MEMBER(CA, CT, minConcurrentPeers);                                                            \
@@ -273,8 +274,7 @@ int main() {
     VALUE("NCCL_NET_TRAFFIC_CLASS_UNDEF", NCCL_NET_TRAFFIC_CLASS_UNDEF, theirs_tc_undef);
     VPROPS_MEMBERS(ncclNetVDeviceProps_v9_t, ncclNetVDeviceProps_v10_t);
     PROPS_V9_MEMBERS(ncclNetProperties_v10_t, ncclNetProperties_v10_t);
-    MEMBER(ncclNetCommConfig_t, ncclNetCommConfig_v10_t, trafficClass);
-    SIZE(ncclNetCommConfig_t, ncclNetCommConfig_v10_t);
+    CONFIG_MEMBERS(ncclNetCommConfig_t, ncclNetCommConfig_v10_t);
     MEMBER(ncclNet_v10_t, ncclNet_v10_t, makeVDevice);
     TABLE_V8_MEMBERS(ncclNet_v10_t, ncclNet_v10_t);
 #endif
@@ -282,8 +282,7 @@ int main() {
     VPROPS_MEMBERS(ncclNetVDeviceProps_v9_t, ncclNetVDeviceProps_v11_t);
     MEMBER(ncclNetProperties_v11_t, ncclNetProperties_v11_t, maxMultiRequestSize);
     PROPS_V9_MEMBERS(ncclNetProperties_v11_t, ncclNetProperties_v11_t);
-    MEMBER(ncclNetCommConfig_t, ncclNetCommConfig_v11_t, trafficClass);
-    SIZE(ncclNetCommConfig_t, ncclNetCommConfig_v11_t);
+    CONFIG_MEMBERS(ncclNetCommConfig_t, ncclNetCommConfig_v11_t);
     ATTR_MEMBERS(ncclNetAttr_t, ncclNetAttr_v11_t, ncclNetCommAttr_t, ncclNetCommAttr_v11_t);
     TABLE_V11_MEMBERS(ncclNet_v11_t, ncclNet_v11_t);
 #endif
@@ -295,8 +294,7 @@ int main() {
     MEMBER(ncclNetProperties_v12_t, ncclNetProperties_v12_t, railId);
     MEMBER(ncclNetProperties_v12_t, ncclNetProperties_v12_t, planeId);
     PROPS_V9_MEMBERS(ncclNetProperties_v12_t, ncclNetProperties_v12_t);
-    MEMBER(ncclNetCommConfig_t, ncclNetCommConfig_v12_t, trafficClass);
-    SIZE(ncclNetCommConfig_t, ncclNetCommConfig_v12_t);
+    CONFIG_MEMBERS(ncclNetCommConfig_t, ncclNetCommConfig_v12_t);
     ATTR_MEMBERS(ncclNetAttr_t, ncclNetAttr_v12_t, ncclNetCommAttr_t, ncclNetCommAttr_v12_t);
     TABLE_V11_MEMBERS(ncclNet_v12_t, ncclNet_v12_t);
 #endif
