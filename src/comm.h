@@ -122,6 +122,9 @@ struct send_comm {
     struct wire_record *records; /* [FIFO_DEPTH] staging for non-inline records */
     uint32_t fifo_seq;           /* next slot isends match against */
     uint32_t post_seq;           /* next slot to post */
+    /* round-robin: the QP of the slot at post_seq, counted on its own (post_seq % nqps is
+     * wrong once post_seq wraps unless nqps divides 2^32; the receiver counts per QP) */
+    int post_qp;
     struct send_slot slots[ERDMA_FIFO_DEPTH];
     struct erdma_request reqs[ERDMA_SEND_REQS];
     int req_next;          /* where the search for a free request starts (p2p.c req_alloc) */
@@ -155,6 +158,7 @@ struct recv_comm {
     /* RC keeps each QP's completions in posting order, so the sequence a completion belongs
      * to follows from its QP: round-robin gives QP q every nqps-th slot, split gives it all */
     uint32_t next_seq[ERDMA_MAX_QPS];
+    int post_qp;     /* round-robin: the QP that carries receive seq (for the profiler's events) */
     unsigned warmed; /* rdma_cm mode: bit q set once QP q's warm-up SEND came */
     /* receive work requests consumed by arrivals and not yet posted again, as
      * q * RQ_DEPTH + index: they go back on an idle poll (p2p.c, rq_repay) */

@@ -204,7 +204,7 @@ static void recv_prof_start(struct recv_comm *rc, uint32_t idx, int n, const siz
                             void **phandles) {
     struct conn *c = &rc->c;
     int used = c->split ? c->nqps : 1;
-    int first = c->split ? 0 : (int)(rc->slots[idx].seq % (uint32_t)c->nqps);
+    int first = c->split ? 0 : rc->post_qp;
     int op = c->completion == COMPLETION_IMM ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_SEND;
     for (int i = 0; i < n && phandles; i++)
         for (int u = 0; u < used; u++) {
@@ -488,13 +488,14 @@ static int send_post_single(struct send_comm *sc, struct send_slot *slot, uint32
     return 1;
 }
 
-/* Posts one matched slot. 1 posted, 0 no send-queue room yet, -errno failed. */
+/* Posts one matched slot, the one at post_seq. 1 posted, 0 no send-queue room yet, -errno
+ * failed. */
 static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
     struct conn *c = &sc->c;
     uint32_t idx = slot->seq % ERDMA_FIFO_DEPTH;
     const struct wire_cts *fifo = sc->fifo;
     int used = c->split ? c->nqps : 1;
-    int first = c->split ? 0 : (int)(slot->seq % (uint32_t)c->nqps);
+    int first = c->split ? 0 : sc->post_qp;
     if (used == 1 && slot->n == 1 && c->completion == COMPLETION_IMM &&
         slot->sends[0].size - 1 < (uint64_t)c->max_msg) /* 1 .. max_msg bytes */
         return send_post_single(sc, slot, idx, first);
@@ -612,6 +613,7 @@ static int send_post_ready(struct send_comm *sc) {
         int ret = send_post_slot(sc, &sc->slots[sc->post_seq % ERDMA_FIFO_DEPTH]);
         if (ret <= 0) return ret;
         sc->post_seq++;
+        if (++sc->post_qp == sc->c.nqps) sc->post_qp = 0;
     }
     return 0;
 }
@@ -905,6 +907,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     rc->seq++;
     *request = req;
     if (prof_on()) recv_prof_start(rc, idx, n, sizes, phandles);
+    if (++rc->post_qp == rc->c.nqps) rc->post_qp = 0;
     int ret = cts_may_wait(rc, total) ? 0 : cts_flush(rc);
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;

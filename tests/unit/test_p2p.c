@@ -710,6 +710,98 @@ static void test_gpu_payload_never_inline(void **state) {
     close_pair(&p);
 }
 
+/* ---- the 32-bit sequence wrapping with a QP count that does not divide 2^32 ---- */
+
+/* Puts both ends of a fresh connection where they stand after s messages: the sender's FIFO
+ * and post cursors, the receiver's counters and, round-robin, the next sequence each QP
+ * carries (the smallest v >= s with v % nqps == q). */
+static void skip_ahead(struct pair *p, uint32_t s) {
+    int n = p->rc->c.nqps;
+    p->sc->fifo_seq = p->sc->post_seq = s;
+    p->rc->seq = p->rc->cts_seq = p->rc->arrived = s;
+    p->sc->post_qp = p->rc->post_qp = p->rc->c.split ? 0 : (int)(s % (uint32_t)n);
+    for (int q = 0; q < n; q++) {
+        uint64_t v = (uint64_t)s - (uint64_t)s % (uint64_t)n + (uint64_t)q;
+        if (v < s) v += (uint64_t)n;
+        p->rc->next_seq[q] = p->rc->c.split ? s : (uint32_t)v;
+    }
+}
+
+/* 12 receives posted ahead, then 12 sends of distinct sizes: each receive must report its
+ * own message's size. */
+static void exchange_across(struct pair *p, uint32_t start) {
+    enum { K = 12 };
+    static char src[K][256], dst[K][256];
+    void *smh = reg(p->sc, src, sizeof(src)), *rmh = reg(p->rc, dst, sizeof(dst));
+    void *rreq[K], *sreq[K];
+    skip_ahead(p, start);
+    for (int k = 0; k < K; k++) {
+        void *data[1] = {dst[k]}, *mhs[1] = {rmh};
+        size_t sizes[1] = {256};
+        int tags[1] = {k};
+        rreq[k] = NULL;
+        assert_int_equal(erdma_irecv(p->rc, 1, data, sizes, tags, mhs, NULL, &rreq[k]), 0);
+        assert_non_null(rreq[k]);
+    }
+    for (int k = 0; k < K; k++) {
+        memset(src[k], 'a' + k, sizeof(src[k]));
+        sreq[k] = NULL;
+        for (int i = 0; i < POLL_LIMIT && !sreq[k]; i++)
+            assert_int_equal(erdma_isend(p->sc, src[k], 100 + k, k, smh, NULL, &sreq[k]), 0);
+        assert_non_null(sreq[k]);
+    }
+    for (int k = 0; k < K; k++) {
+        int got[1] = {-1};
+        int rc = wait_req(rreq[k], got);
+        if (rc != 1) unit_log_print();
+        print_message("receive #%d (sequence %u): rc %d, size %d, expected %d\n", k,
+                      start + (uint32_t)k, rc, got[0], 100 + k);
+        assert_int_equal(rc, 1);
+        assert_int_equal(got[0], 100 + k);
+    }
+    for (int k = 0; k < K; k++)
+        assert_int_equal(wait_req(sreq[k], NULL), 1);
+    erdma_dereg_mr(p->sc, smh);
+    erdma_dereg_mr(p->rc, rmh);
+}
+
+static int setup_rr3(void **state) {
+    const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=3", NULL};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    return 0;
+}
+
+static int setup_rr4(void **state) {
+    const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=4", NULL};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    return 0;
+}
+
+/* control: the same exchange far from the wrap passes */
+static void test_rr_no_wrap(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    exchange_across(&p, 1000u);
+    close_pair(&p);
+}
+
+/* the 2^32 wrap in the middle of the window: fails with 3 QPs (2^32 % 3 == 1), passes with 4 */
+static void test_rr_seq_wrap(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    exchange_across(&p, UINT32_MAX - 5u); /* sequences 2^32-6 .. 5 */
+    close_pair(&p);
+}
+
+static int setup_rr3_send(void **state) {
+    const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=3", "NCCL_ERDMA_COMPLETION=send", NULL};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    return 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip, setup_one, teardown_env),
@@ -733,6 +825,10 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_split_and_flush, setup_split, teardown_env),
         cmocka_unit_test_setup_teardown(test_dmabuf_device_flushes, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_gpu_payload_never_inline, setup_gdr, teardown_env),
+        cmocka_unit_test_setup_teardown(test_rr_seq_wrap, setup_rr3_send, teardown_env),
+        cmocka_unit_test_setup_teardown(test_rr_no_wrap, setup_rr3, teardown_env),
+        cmocka_unit_test_setup_teardown(test_rr_seq_wrap, setup_rr4, teardown_env),
+        cmocka_unit_test_setup_teardown(test_rr_seq_wrap, setup_rr3, teardown_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
