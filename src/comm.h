@@ -210,7 +210,8 @@ int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot);
 int p2p_send_warmup(struct send_comm *sc);
 int p2p_send_warmup_again(struct send_comm *sc); /* when due; 0 or -errno */
 int p2p_recv_warmup_done(struct recv_comm *rc);  /* 1 done, 0 not yet, -errno */
-/* Stops the profiler events still open on a comm being destroyed. */
+/* Stops the profiler events still open on a send or recv comm being closed (before its kind
+ * is cleared: the kind says which events it has). */
 void p2p_prof_close(struct conn *c);
 /* Closes a connection end: what is NCCL's (counters, profiler events) at once, then the rest
  * through release(): at once too, or on the reaper thread when an rdma_cm peer is owed a

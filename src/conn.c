@@ -21,6 +21,11 @@
 #include <time.h>
 #include <unistd.h>
 
+/* oob_peer_hung_up takes a goodbye during the handshake for a peer that gave up: no message
+ * may start with that byte, in either byte order. */
+_Static_assert((WIRE_MAGIC & 0xff) != OOB_BYE && (WIRE_MAGIC >> 24) != OOB_BYE,
+               "a handshake message would read as a goodbye");
+
 #define MAX_MSG_CAP (1u << 30) /* one RDMA write never exceeds 1 GiB */
 
 uint64_t now_ns(void) {
@@ -168,7 +173,6 @@ static int conn_teardown_step(struct reap_item *it, int *fd, uint64_t *wake_ns) 
 
 void conn_release(struct conn *c, void (*release)(struct conn *c)) {
     stats_conn_close(&c->stats);
-    p2p_prof_close(c);
     if (!c->cm_ch) { /* GID mode, or an rdma_cm end not connected yet: nothing to wait for */
         /* A goodbye still tells the peer this is a normal close, not a death: one that waits
          * for us is then told the ranks disagree, not that our node died. The peer's own
@@ -201,6 +205,7 @@ int erdma_listen(int dev_index, void *handle, void **listen_comm) {
     lc->base.kind = COMM_LISTEN;
     lc->base.dev = dev;
     lc->fd = -1;
+    erdma_object_opened(); /* now: a failure below closes it, which counts it closed */
     struct sockaddr_in local;
     int rc = oob_local_addr(dev, &local);
     if (!rc) rc = oob_listen(&local, &lc->fd, &lc->addr);
@@ -220,7 +225,6 @@ int erdma_listen(int dev_index, void *handle, void **listen_comm) {
     h->cm_port = lc->cm_addr.sin_port;
     wire_handle_seal(h);
     *listen_comm = lc;
-    erdma_object_opened();
     return 0;
 }
 
@@ -971,6 +975,7 @@ int erdma_close_send(void *send_comm) {
     struct send_comm *sc = send_comm;
     if (!sc) return 0;
     if (sc->c.base.kind != COMM_SEND) return -EINVAL;
+    p2p_prof_close(&sc->c); /* requests still in flight: their events end here */
     sc->c.base.kind = 0;
     send_comm_free(sc);
     erdma_object_closed();
@@ -981,6 +986,7 @@ int erdma_close_recv(void *recv_comm) {
     struct recv_comm *rc = recv_comm;
     if (!rc) return 0;
     if (rc->c.base.kind != COMM_RECV) return -EINVAL;
+    p2p_prof_close(&rc->c); /* requests still in flight: their events end here */
     rc->c.base.kind = 0;
     recv_comm_free(rc);
     erdma_object_closed();

@@ -186,8 +186,10 @@ int oob_peer_alive(int fd) {
 }
 
 int oob_peer_hung_up(int fd) {
-    /* oob_peer_alive's reading, where any byte (goodbye-like or not) is the next stage's
-     * message arriving early, left unread */
+    /* oob_peer_alive's reading, where any other byte is the next stage's message arriving
+     * early, left unread. A goodbye is a peer that gave up (its failed connect or accept
+     * releases the comm, which says goodbye and closes): peeked, it would hide the end behind
+     * it for ever. No message starts with that byte (conn.c asserts it). */
     int ret = oob_peer_alive(fd);
-    return ret < 0 && ret != -EPROTO ? -ECONNRESET : 0;
+    return (ret < 0 && ret != -EPROTO) || ret == OOB_PEER_CLOSING ? -ECONNRESET : 0;
 }

@@ -10,6 +10,9 @@
 #include "fake_verbs.h"
 #include "net.h"
 #include "oob.h"
+#include "params.h"
+#include "prof.h"
+#include "sysfs.h"
 #include "unit_log.h"
 
 #include <arpa/inet.h>
@@ -78,6 +81,25 @@ static void test_peer_alive(void **state) {
     assert_int_equal(read(sv[0], &c, 1), 1);
     close(sv[1]);
     assert_int_equal(oob_peer_alive(sv[0]), -ECONNRESET);
+    close(sv[0]);
+}
+
+/* During the handshake's quiet stages (the receiver waiting for rdma_cm requests or warm-ups,
+ * the sender for rdma_cm to connect) a goodbye is a peer that gave up: its failed connect or
+ * accept released the comm, which says goodbye and closes. Taken for a normal close, the byte
+ * stayed peeked, hid the end behind it, and the survivor waited out the connect timeout. */
+static void test_hung_up_after_goodbye(void **state) {
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    assert_int_equal(oob_peer_hung_up(sv[0]), 0); /* silence: still connecting */
+    assert_int_equal(write(sv[1], "A", 1), 1);    /* the next message, early: left unread */
+    assert_int_equal(oob_peer_hung_up(sv[0]), 0);
+    char c;
+    assert_int_equal(read(sv[0], &c, 1), 1);
+    assert_int_equal(oob_goodbye_send(sv[1]), 0); /* it gave up ... */
+    assert_int_equal(oob_peer_hung_up(sv[0]), -ECONNRESET);
+    close(sv[1]); /* ... and closed */
+    assert_int_equal(oob_peer_hung_up(sv[0]), -ECONNRESET);
     close(sv[0]);
 }
 
@@ -278,18 +300,90 @@ static void test_probe_burst_behind_real_peer(void **state) {
     assert_int_equal(erdma_close_listen(lc), 0);
 }
 
+/* A listen that fails (no IPv4 address on the netdev yet: a flapping link) must not count
+ * a comm closed that was never counted open: one count short, a later finalize with one comm
+ * still open released the devices under it. */
+static void test_failed_listen_keeps_object_count(void **state) {
+    for (int id = 0; id < PARAM_COUNT; id++)
+        unsetenv(param_name(id));
+    sysfs_set_root("/nonexistent-erdma-fake-sysfs");
+    fake_verbs_install(1, NULL);
+    unit_log_start();
+    assert_int_equal(erdma_init(unit_log_sink, NULL), 0);
+    assert_int_equal(devices_count(), 1);
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc = NULL;
+    assert_int_equal(erdma_listen(0, handle, &lc), -EADDRNOTAVAIL); /* the fake has no netdev */
+    assert_null(lc);
+    device_get(0)->ip.sin_family = AF_INET; /* the address comes back */
+    device_get(0)->ip.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    void *s, *r;
+    assert_int_equal(fake_pair_connect(0, 0, &s, &r), 0);
+    assert_int_equal(erdma_close_recv(r), 0);
+    erdma_finalize(); /* an abort's finalize, the send comm still open: the devices stay */
+    assert_int_equal(devices_count(), 1);
+    assert_int_equal(erdma_close_send(s), 0); /* the last object: now they go */
+    assert_int_equal(devices_count(), 0);
+    sysfs_set_root(NULL);
+    erdma_log_set(NULL);
+    assert_int_equal(fake_verbs_uninstall(), 0);
+}
+
+/* Closing a comm with a request in flight ends that request's profiler events (v10+): the
+ * close cleared the comm's kind first, and the events were then left open. */
+static int prof_starts, prof_stops, prof_token;
+static ncclResult_t prof_count(void **ev, int type, void *phandle, int64_t id, void *data) {
+    if (type == NCCL_PROF_NET_EVENT_START) {
+        prof_starts++;
+        *ev = &prof_token;
+    } else if (type == NCCL_PROF_NET_EVENT_STOP) {
+        prof_stops++;
+    }
+    return ncclSuccess;
+}
+
+static void test_close_stops_profiler_events(void **state) {
+    void *s, *r, *rmh, *smh;
+    assert_int_equal(fake_pair_connect(0, 0, &s, &r), 0);
+    static char buf[4096];
+    assert_int_equal(erdma_reg_mr(r, buf, sizeof(buf), NCCL_PTR_HOST, &rmh), 0);
+    assert_int_equal(erdma_reg_mr(s, buf, sizeof(buf), NCCL_PTR_HOST, &smh), 0);
+    prof_set(prof_count);
+    prof_starts = prof_stops = 0;
+    void *data[1] = {buf}, *mhs[1] = {rmh}, *ph[1] = {&prof_token}, *rreq = NULL, *sreq = NULL;
+    size_t sizes[1] = {sizeof(buf)};
+    int tags[1] = {0};
+    assert_int_equal(erdma_irecv(r, 1, data, sizes, tags, mhs, ph, &rreq), 0);
+    assert_non_null(rreq);
+    assert_int_equal(prof_starts, 1);
+    assert_int_equal(erdma_close_recv(r), 0); /* the receive still in flight */
+    assert_int_equal(prof_stops, 1);
+    for (int i = 0; i < 1000 && !sreq; i++) /* its clear-to-send came: a send in flight too */
+        assert_int_equal(erdma_isend(s, buf, 64, 0, smh, &prof_token, &sreq), 0);
+    assert_non_null(sreq);
+    assert_int_equal(prof_starts, 2);
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(prof_stops, 2);
+    prof_set(NULL);
+    assert_int_equal(erdma_dereg_mr(NULL, rmh), 0);
+    assert_int_equal(erdma_dereg_mr(NULL, smh), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ifname_match),
         cmocka_unit_test_setup_teardown(test_local_addr, setup, teardown),
         cmocka_unit_test(test_peer_alive),
         cmocka_unit_test_setup_teardown(test_close_says_goodbye, setup, teardown),
+        cmocka_unit_test(test_hung_up_after_goodbye),
         cmocka_unit_test(test_partial_io),
         cmocka_unit_test_setup_teardown(test_connect_accept_and_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_handles, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_hangs_up_during_handshake, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_hello_dropped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_probe_burst_behind_real_peer, setup, teardown),
+        cmocka_unit_test(test_failed_listen_keeps_object_count),
+        cmocka_unit_test_setup_teardown(test_close_stops_profiler_events, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
