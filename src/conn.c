@@ -223,6 +223,7 @@ int erdma_listen(int dev_index, void *handle, void **listen_comm) {
     h->nonce = lc->nonce;
     h->addr = lc->addr;
     h->cm_port = lc->cm_addr.sin_port;
+    h->cm_ip = lc->cm_addr.sin_addr;
     wire_handle_seal(h);
     *listen_comm = lc;
     return 0;
@@ -448,8 +449,8 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
                  dev->name, sc->c.peer);
             return -ECONNREFUSED;
         }
-        struct sockaddr_in dst = st->peer.addr;
-        dst.sin_port = st->peer.cm_port;
+        struct sockaddr_in dst = {
+            .sin_family = AF_INET, .sin_port = st->peer.cm_port, .sin_addr = st->peer.cm_ip};
         rc = cm_connect_progress(sc, &dst, st->peer.nonce, &st->cm_stage);
         if (rc <= 0) return rc;
         rc = p2p_send_warmup(sc);

@@ -44,8 +44,8 @@ int wire_handle_check(const struct wire_handle *h, char *why, int whylen) {
         snprintf(why, whylen, "handle has unknown connect mode %u", h->connect_mode);
         return -EBADMSG;
     }
-    if (h->connect_mode == CONNECT_RDMACM && h->cm_port == 0) {
-        snprintf(why, whylen, "rdma_cm handle without an rdma_cm port");
+    if (h->connect_mode == CONNECT_RDMACM && (h->cm_port == 0 || h->cm_ip.s_addr == 0)) {
+        snprintf(why, whylen, "rdma_cm handle without an rdma_cm address and port");
         return -EBADMSG;
     }
     return 0;

@@ -11,10 +11,12 @@
 #include "nccl_net_abi.h"
 
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#define WIRE_MAGIC       0x65524d41u /* "eRMA" */
-#define WIRE_VERSION     3           /* 2: buffer-major clear-to-send FIFO; 3: MSG_WARMED */
+#define WIRE_MAGIC 0x65524d41u /* "eRMA" */
+/* 2: buffer-major clear-to-send FIFO; 3: MSG_WARMED; 4: the rdma_cm listener's address */
+#define WIRE_VERSION     4
 #define ERDMA_MAX_QPS    16
 #define ERDMA_FIFO_DEPTH NCCL_NET_MAX_REQUESTS
 /* The smallest max_msg_sz a peer may announce. Every RDMA device allows far more (eRDMA,
@@ -32,9 +34,15 @@ struct wire_handle {
     struct sockaddr_in addr; /* TCP listener */
     uint16_t cm_port;        /* rdma_cm listener (network order), 0 in GID mode */
     uint16_t reserved2;
+    /* the rdma_cm listener's address: the device's own, which the TCP listener's is not
+     * when NCCL_SOCKET_IFNAME names another interface */
+    struct in_addr cm_ip;
+    uint32_t reserved3;
     uint32_t checksum; /* over everything above */
 };
 _Static_assert(sizeof(struct wire_handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large");
+_Static_assert(sizeof(struct wire_handle) == offsetof(struct wire_handle, checksum) + 4,
+               "no padding after the checksum: every byte of a handle is checked");
 
 /* WARMED (receiver -> sender, rdma_cm mode): every warm-up SEND has arrived. */
 enum wire_msg_type { MSG_HELLO = 1, MSG_REPLY = 2, MSG_READY = 3, MSG_WARMED = 4 };

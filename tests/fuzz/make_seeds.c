@@ -35,6 +35,7 @@ int main(int argc, char **argv) {
     put(dir, "handle-fields", 1, &h, sizeof(h), NULL, 0);
     h.connect_mode = CONNECT_RDMACM;
     h.cm_port = htons(40001);
+    h.cm_ip.s_addr = htonl(0x0a4e0001);
     wire_handle_seal(&h);
     put(dir, "handle-rdmacm", 0, &h, sizeof(h), NULL, 0);
 

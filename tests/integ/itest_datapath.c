@@ -768,6 +768,11 @@ static const struct scenario scenarios[] = {
     {"sizes_cts_unbatched", sizes_recv, sizes_send, "NCCL_ERDMA_CTS_BATCH=1", false},
     {"multirecv_pipelined_batch16", pipe_recv, pipe_send, "NCCL_ERDMA_CTS_BATCH=16", false},
     {"multirecv_pipelined_3qps", pipe_recv, pipe_send, "NCCL_IB_QPS_PER_CONNECTION=3", false},
+    /* The out-of-band TCP on another interface than the device's (NCCL_SOCKET_IFNAME): rdma_cm
+     * requests still go to the device's address (siw0 is on eth1, rxe0 on eth0) */
+    {"sizes_oob_on_eth0", sizes_recv, sizes_send, "NCCL_SOCKET_IFNAME=eth0", false},
+    {"sizes_rdmacm_oob_on_eth1", sizes_recv, sizes_send,
+     "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_SOCKET_IFNAME=eth1", false},
     /* rdma_cm on a RoCE device: warm-ups with write-with-imm completions */
     {"late_first_receive_rdmacm_3qps", late_recv, late_send,
      "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_IB_QPS_PER_CONNECTION=3", false},

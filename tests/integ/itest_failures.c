@@ -1511,8 +1511,7 @@ static int rejects_connect(struct duo *d, void *arg) {
     CHECK(verbs_open() == 0 && verbs_have_rdmacm());
     CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
     const struct wire_handle *h = (const struct wire_handle *)handle;
-    struct sockaddr_in dst = h->addr;
-    dst.sin_port = h->cm_port;
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = h->cm_port, .sin_addr = h->cm_ip};
     const struct wire_cm_private good = {
         .magic = WIRE_MAGIC, .qp_index = 0, .nqps = 1, .nonce = h->nonce};
     struct wire_cm_private bad[REJECTS];

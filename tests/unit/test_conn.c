@@ -12,6 +12,7 @@
 #include "oob.h"
 #include "params.h"
 #include "prof.h"
+#include "reap.h"
 #include "sysfs.h"
 #include "unit_log.h"
 
@@ -172,6 +173,7 @@ static void test_bad_handles(void **state) {
     h->addr.sin_family = AF_INET;
     h->addr.sin_port = htons(1);
     h->cm_port = htons(2);
+    h->cm_ip.s_addr = htonl(INADDR_LOOPBACK);
     wire_handle_seal(h);
     assert_int_equal(erdma_connect(0, -1, handle, &s), -EINVAL);
     assert_logged(NCCL_LOG_WARN, "fake0", "NCCL_ERDMA_CONNECT_MODE");
@@ -369,6 +371,93 @@ static void test_close_stops_profiler_events(void **state) {
     assert_int_equal(erdma_dereg_mr(NULL, smh), 0);
 }
 
+/* rdma_cm mode: the listener binds the device's address, and the sender must send its
+ * requests there, not to the TCP listener's address, which NCCL_SOCKET_IFNAME may put on
+ * another interface (bootstrap on eth0, eRDMA on another ENI): nothing listens there. A stub
+ * rdma_cm records where the listener is bound and where the sender resolves to. */
+static struct sockaddr_in cm_bound, cm_dst;
+static int cm_resolved;
+static struct rdma_event_channel *stub_ch_create(void) {
+    struct rdma_event_channel *ch = calloc(1, sizeof(*ch));
+    int p[2];
+    if (!ch || pipe(p)) abort();
+    close(p[1]);
+    ch->fd = p[0];
+    return ch;
+}
+static void stub_ch_destroy(struct rdma_event_channel *ch) {
+    close(ch->fd);
+    free(ch);
+}
+static int stub_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, void *ctx,
+                          enum rdma_port_space ps) {
+    *id = calloc(1, sizeof(**id));
+    (*id)->channel = ch;
+    (*id)->context = ctx;
+    return 0;
+}
+static int stub_destroy_id(struct rdma_cm_id *id) {
+    free(id);
+    return 0;
+}
+static int stub_bind(struct rdma_cm_id *id, struct sockaddr *a) {
+    memcpy(&cm_bound, a, sizeof(cm_bound));
+    return 0;
+}
+static int stub_ok(struct rdma_cm_id *id) {
+    return 0;
+}
+static int stub_listen(struct rdma_cm_id *id, int backlog) {
+    return 0;
+}
+static uint16_t stub_port(struct rdma_cm_id *id) {
+    return htons(40001);
+}
+static int stub_resolve(struct rdma_cm_id *id, struct sockaddr *src, struct sockaddr *dst, int t) {
+    memcpy(&cm_dst, dst, sizeof(cm_dst));
+    cm_resolved = 1;
+    return 0;
+}
+static int stub_get_event(struct rdma_event_channel *ch, struct rdma_cm_event **ev) {
+    errno = EAGAIN;
+    return -1;
+}
+
+static void test_rdmacm_connects_to_the_listeners_address(void **state) {
+    const char *env[] = {"NCCL_SOCKET_IFNAME=lo", NULL}; /* the TCP listener: 127.0.0.1 */
+    fake_env_stop();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    vb.cm_create_event_channel = stub_ch_create;
+    vb.cm_destroy_event_channel = stub_ch_destroy;
+    vb.cm_create_id = stub_create_id;
+    vb.cm_destroy_id = stub_destroy_id;
+    vb.cm_bind_addr = stub_bind;
+    vb.cm_listen = stub_listen;
+    vb.cm_get_src_port = stub_port;
+    vb.cm_resolve_addr = stub_resolve;
+    vb.cm_get_cm_event = stub_get_event;
+    vb.cm_disconnect = stub_ok;
+    struct erdma_device *d = device_get(0);
+    d->connect_mode = CONNECT_RDMACM;
+    d->ip.sin_addr.s_addr = htonl(0x7f000002); /* the device's netdev: 127.0.0.2 */
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc = NULL, *s = NULL, *r = NULL;
+    cm_resolved = 0;
+    assert_int_equal(erdma_listen(0, handle, &lc), 0);
+    uint64_t until = now_ns() + 5000000000ull;
+    while (!cm_resolved && now_ns() < until) {
+        assert_int_equal(erdma_connect(0, -1, handle, &s), 0);
+        assert_int_equal(erdma_accept(lc, &r), 0);
+    }
+    assert_true(cm_resolved);
+    assert_int_equal(ntohl(cm_bound.sin_addr.s_addr), 0x7f000002);
+    assert_int_equal(ntohl(cm_dst.sin_addr.s_addr), 0x7f000002); /* was 127.0.0.1 */
+    assert_int_equal(ntohs(cm_dst.sin_port), 40001);
+    erdma_connect_sweep(); /* the half-made connect: released, as an abort would */
+    reap_drain();
+    assert_int_equal(erdma_close_listen(lc), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ifname_match),
@@ -384,6 +473,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_probe_burst_behind_real_peer, setup, teardown),
         cmocka_unit_test(test_failed_listen_keeps_object_count),
         cmocka_unit_test_setup_teardown(test_close_stops_profiler_events, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rdmacm_connects_to_the_listeners_address, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,6 +26,7 @@ static void good_handle(struct wire_handle *h, enum connect_mode mode) {
     h->addr.sin_port = htons(40000);
     h->addr.sin_addr.s_addr = htonl(0xac10000a);
     h->cm_port = mode == CONNECT_RDMACM ? htons(40001) : 0;
+    h->cm_ip.s_addr = mode == CONNECT_RDMACM ? htonl(0xac10010a) : 0; /* another interface */
     wire_handle_seal(h);
 }
 
@@ -141,7 +142,13 @@ static void test_handle_bad_fields(void **state) {
     h.cm_port = 0;
     wire_handle_seal(&h);
     assert_int_equal(check_handle(&h), -EBADMSG);
-    assert_why("without an rdma_cm port");
+    assert_why("without an rdma_cm address and port");
+
+    good_handle(&h, CONNECT_RDMACM); /* a handle of version 3 had no address: nowhere to go */
+    h.cm_ip.s_addr = 0;
+    wire_handle_seal(&h);
+    assert_int_equal(check_handle(&h), -EBADMSG);
+    assert_why("without an rdma_cm address and port");
 }
 
 static void test_msg_roundtrip(void **state) {
