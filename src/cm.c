@@ -168,13 +168,16 @@ static int connect_start_qp(struct conn *c, int i, const struct sockaddr_in *dst
 }
 
 static int connect_handle_event(struct send_comm *sc, struct rdma_cm_event *ev, uint64_t nonce,
-                                const struct sockaddr_in *dst, int *established) {
+                                uint32_t token, const struct sockaddr_in *dst, int *established) {
     struct conn *c = &sc->c;
     struct erdma_device *dev = c->base.dev;
     int i = (int)(intptr_t)ev->id->context;
     struct rdma_conn_param param;
-    struct wire_cm_private priv = {
-        .magic = WIRE_MAGIC, .qp_index = (uint16_t)i, .nqps = (uint16_t)c->nqps, .nonce = nonce};
+    struct wire_cm_private priv = {.magic = WIRE_MAGIC,
+                                   .qp_index = (uint16_t)i,
+                                   .nqps = (uint16_t)c->nqps,
+                                   .nonce = nonce,
+                                   .token = token};
     int rc = 0;
     switch (ev->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
@@ -218,7 +221,7 @@ static int connect_handle_event(struct send_comm *sc, struct rdma_cm_event *ev, 
 }
 
 int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uint64_t nonce,
-                        int *stage) {
+                        uint32_t token, int *stage) {
     struct conn *c = &sc->c;
     int rc;
     if (*stage == CM_START) {
@@ -237,7 +240,7 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
     while ((rc = cm_next_event(c->cm_ch, &ev)) == 1) {
         int before = established;
         int i = (int)(intptr_t)ev->id->context;
-        rc = connect_handle_event(sc, ev, nonce, dst, &established);
+        rc = connect_handle_event(sc, ev, nonce, token, dst, &established);
         vb.cm_ack_cm_event(ev);
         if (i >= 0 && i < c->nqps && sc->cm_retired[i]) { /* an id given up after EADDRINUSE */
             vb.cm_destroy_qp(sc->cm_retired[i]);
@@ -254,13 +257,13 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
 /* ------------------------------------------------------------ receiver */
 /* A rejected request's id is ours to destroy (after its event is acked): *drop is set to it. */
 static int accept_request(struct listen_comm *lc, struct recv_comm *rc, struct rdma_cm_event *ev,
-                          uint64_t nonce, struct rdma_cm_id **drop) {
+                          uint64_t nonce, uint32_t token, struct rdma_cm_id **drop) {
     struct erdma_device *dev = lc->base.dev;
     char peer[64], why[160];
     int i = -1;
     oob_format((struct sockaddr_in *)&ev->id->route.addr.dst_addr, peer, sizeof(peer));
     int bad = wire_cm_private_check(ev->param.conn.private_data, ev->param.conn.private_data_len,
-                                    nonce, rc->c.nqps, &i, why, sizeof(why));
+                                    nonce, token, rc->c.nqps, &i, why, sizeof(why));
     if (!bad && rc->c.qps[i].cm_id) {
         snprintf(why, sizeof(why), "its QP %d is already connected", i);
         bad = -EPROTO;
@@ -300,14 +303,15 @@ static int accept_request(struct listen_comm *lc, struct recv_comm *rc, struct r
     return 0;
 }
 
-int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce) {
+int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce,
+                       uint32_t token) {
     struct rdma_cm_event *ev;
     int ret;
     while ((ret = cm_next_event(lc->cm_ch, &ev)) == 1) {
         struct rdma_cm_id *drop = NULL;
         switch (ev->event) {
         case RDMA_CM_EVENT_CONNECT_REQUEST:
-            ret = accept_request(lc, rc, ev, nonce, &drop);
+            ret = accept_request(lc, rc, ev, nonce, token, &drop);
             break;
         case RDMA_CM_EVENT_ESTABLISHED: {
             int i = (int)(intptr_t)ev->id->context;

@@ -257,6 +257,7 @@ struct connect_state {
     struct send_comm *sc;
     enum connect_stage stage;
     int cm_stage;
+    uint32_t cm_token; /* rdma_cm mode: the accept's, from its reply */
     int tc;
     uint64_t deadline;
     uint64_t retry_at;
@@ -378,6 +379,7 @@ static int connect_apply_reply(struct connect_state *st, struct erdma_device *de
     sc->c.remote_ctrl_rkey = m->ctrl_rkey;
     uint32_t mm = m->max_msg_sz < dev->max_msg_sz ? m->max_msg_sz : dev->max_msg_sz;
     sc->c.max_msg = mm < MAX_MSG_CAP ? mm : MAX_MSG_CAP;
+    st->cm_token = m->cm_token;
     if (dev->connect_mode != CONNECT_GID) return 0;
     struct qp_params qpp;
     qp_params_from_env(&qpp, st->tc);
@@ -451,7 +453,7 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
         }
         struct sockaddr_in dst = {
             .sin_family = AF_INET, .sin_port = st->peer.cm_port, .sin_addr = st->peer.cm_ip};
-        rc = cm_connect_progress(sc, &dst, st->peer.nonce, &st->cm_stage);
+        rc = cm_connect_progress(sc, &dst, st->peer.nonce, st->cm_token, &st->cm_stage);
         if (rc <= 0) return rc;
         rc = p2p_send_warmup(sc);
         if (rc) return rc;
@@ -610,6 +612,7 @@ struct accept_state {
     uint64_t deadline;
     struct wire_conn_msg msg;
     size_t io_done;
+    uint32_t cm_token; /* rdma_cm mode: what our requests must carry (from the listen) */
 };
 
 static void recv_comm_release(struct conn *c) {
@@ -705,6 +708,7 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     reply.ctrl_addr = (uintptr_t)rc->rec_area;
     reply.ctrl_rkey = rc->c.peer_mr->rkey;
     reply.max_msg_sz = dev->max_msg_sz;
+    reply.cm_token = as->cm_token;
     wire_msg_seal(&reply, MSG_REPLY);
     *m = reply;
     return 0;
@@ -833,6 +837,8 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
     case AS_TCP_ACCEPT: /* candidates are accepted by accept_candidates() */
         return -ENOTRECOVERABLE;
     case AS_RECV_HELLO: /* complete and valid */
+        if (dev->connect_mode == CONNECT_RDMACM && ++lc->last_token == 0) lc->last_token = 1;
+        as->cm_token = lc->last_token;
         rc = recv_comm_setup(as, dev);
         if (rc) return rc;
         as->stage = AS_SEND_REPLY;
@@ -855,7 +861,7 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
                  dev->name, as->peer);
             return -ECONNRESET;
         }
-        rc = cm_accept_progress(lc, as->rc, lc->nonce);
+        rc = cm_accept_progress(lc, as->rc, lc->nonce, as->cm_token);
         if (rc <= 0) return rc;
         as->stage = AS_RECV_READY;
         if (flush_wanted(dev)) {

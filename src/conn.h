@@ -18,6 +18,7 @@ struct listen_comm {
     struct accept_state *pending;     /* the peer whose valid hello is being served */
     struct accept_state **candidates; /* accepted sockets still owing a hello */
     int ncandidates;
+    uint32_t last_token; /* rdma_cm mode: the latest accept's token (1, 2, ...; never 0) */
 };
 
 uint64_t now_ns(void);
@@ -33,9 +34,11 @@ int cm_listen(struct listen_comm *lc);
 void cm_close_listen(struct listen_comm *lc);
 /* Sender: start/progress the rdma_cm connects of every QP. 1 done, 0 pending, -errno. */
 int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uint64_t nonce,
-                        int *stage);
-/* Receiver: accept nqps rdma_cm connections carrying nonce. 1 done, 0 pending, -errno. */
-int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce);
+                        uint32_t token, int *stage);
+/* Receiver: accept nqps rdma_cm connections carrying nonce and token. 1 done, 0 pending,
+ * -errno. */
+int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce,
+                       uint32_t token);
 /* The flush loopback in rdma_cm mode: a QP connected to a QP of our own through the NIC.
  * Local only, so it completes within milliseconds; bounded by a 5 s deadline. */
 int cm_flush_start(struct recv_comm *rc);

@@ -133,8 +133,8 @@ int wire_record_check(const struct wire_record *r, uint32_t seq, int nposted,
     return 0;
 }
 
-int wire_cm_private_check(const void *data, size_t len, uint64_t nonce, int nqps, int *qp_index,
-                          char *why, int whylen) {
+int wire_cm_private_check(const void *data, size_t len, uint64_t nonce, uint32_t token, int nqps,
+                          int *qp_index, char *why, int whylen) {
     struct wire_cm_private p;
     if (!data || len < sizeof(p)) {
         snprintf(why, whylen, "%zu bytes of private data, %zu expected", data ? len : 0, sizeof(p));
@@ -147,6 +147,13 @@ int wire_cm_private_check(const void *data, size_t len, uint64_t nonce, int nqps
     }
     if (p.nonce != nonce) {
         snprintf(why, whylen, "it belongs to another listen (stale or foreign peer)");
+        return -EPROTO;
+    }
+    if (p.token != token) {
+        snprintf(why, whylen,
+                 "it belongs to another accept on this listen (token %u, this one's %u): a "
+                 "peer that gave up",
+                 p.token, token);
         return -EPROTO;
     }
     if (p.nqps != nqps || p.qp_index >= p.nqps) {

@@ -15,7 +15,8 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC 0x65524d41u /* "eRMA" */
-/* 2: buffer-major clear-to-send FIFO; 3: MSG_WARMED; 4: the rdma_cm listener's address */
+/* 2: buffer-major clear-to-send FIFO; 3: MSG_WARMED; 4: the rdma_cm listener's address in the
+ * handle, the accept's token in the reply and the rdma_cm private data */
 #define WIRE_VERSION     4
 #define ERDMA_MAX_QPS    16
 #define ERDMA_FIFO_DEPTH NCCL_NET_MAX_REQUESTS
@@ -70,7 +71,7 @@ struct wire_conn_msg {
     uint32_t ctrl_rkey; /* sender: its FIFO; receiver: its record area */
     uint64_t ctrl_addr;
     uint32_t max_msg_sz;
-    uint32_t reserved3;
+    uint32_t cm_token; /* REPLY in rdma_cm mode: this accept's own, for its rdma_cm requests */
 };
 
 /* Written by the receiver into the sender's FIFO slot: one entry per buffer. */
@@ -94,12 +95,17 @@ struct wire_record {
 };
 _Static_assert(sizeof(struct wire_record) <= ERDMA_MAX_INLINE, "record must fit inline");
 
-/* rdma_cm private data of a connect request: which pending accept and which of its QPs. */
+/* rdma_cm private data of a connect request: which pending accept and which of its QPs. The
+ * listen's nonce alone let requests of an earlier accept on the same listen (a peer that gave
+ * up, its requests still queued) take the next accept's QPs: the accept's token says whose they
+ * are. */
 struct wire_cm_private {
     uint32_t magic;
     uint16_t qp_index;
     uint16_t nqps;
     uint64_t nonce;
+    uint32_t token;
+    uint32_t reserved;
 };
 
 uint32_t wire_checksum(const void *data, size_t len);
@@ -111,8 +117,8 @@ void wire_msg_seal(struct wire_conn_msg *m, enum wire_msg_type type);
 int wire_msg_check(const struct wire_conn_msg *m, enum wire_msg_type type, char *why, int whylen);
 /* Validates rdma_cm private data (len bytes, possibly NULL) against the pending accept:
  * 0 and the QP index in *qp_index, or -EPROTO with a reason. */
-int wire_cm_private_check(const void *data, size_t len, uint64_t nonce, int nqps, int *qp_index,
-                          char *why, int whylen);
+int wire_cm_private_check(const void *data, size_t len, uint64_t nonce, uint32_t token, int nqps,
+                          int *qp_index, char *why, int whylen);
 /* Validates a completion record against what was posted. */
 int wire_record_check(const struct wire_record *r, uint32_t seq, int nposted,
                       const uint64_t *posted_sizes, char *why, int whylen);

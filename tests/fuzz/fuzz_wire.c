@@ -33,9 +33,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (sel >= 0xf0) { /* rdma_cm private data of a connect request, any length */
         int qp = -1;
         uint64_t nonce = 0;
+        uint32_t token = 0;
         if (size >= 16) memcpy(&nonce, data + 8, 8); /* let some inputs reach later checks */
-        if (wire_cm_private_check(size ? data : NULL, size, nonce, 1 + (sel & 0x0f), &qp, why,
-                                  sizeof(why)) == 0 &&
+        if (size >= 20) memcpy(&token, data + 16, 4);
+        if (wire_cm_private_check(size ? data : NULL, size, nonce, token, 1 + (sel & 0x0f), &qp,
+                                  why, sizeof(why)) == 0 &&
             (qp < 0 || qp > (sel & 0x0f)))
             abort(); /* an accepted record names a QP of this connection */
         return 0;

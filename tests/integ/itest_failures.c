@@ -1451,9 +1451,10 @@ static int cm_ids_of_pid(pid_t pid) {
 
 /* ------------------------------------------------------------ scenario: rejected requests
  * Connect requests to a listen comm's rdma_cm port that are not its peer's QPs (no, short or
- * forged private data) are rejected when the next accept reads them; their ids must be
+ * forged private data, another accept's token) are rejected when the next accept reads them (the
+ * last one took the real peer's QP once, and its connect failed); their ids must be
  * destroyed (they leaked once), and the real peer behind them still connects. */
-#define REJECTS 5
+#define REJECTS 6
 
 static int rejects_listen(struct duo *d, void *arg) {
     const struct cfg *c = arg;
@@ -1513,14 +1514,19 @@ static int rejects_connect(struct duo *d, void *arg) {
     const struct wire_handle *h = (const struct wire_handle *)handle;
     struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = h->cm_port, .sin_addr = h->cm_ip};
     const struct wire_cm_private good = {
-        .magic = WIRE_MAGIC, .qp_index = 0, .nqps = 1, .nonce = h->nonce};
+        .magic = WIRE_MAGIC,
+        .qp_index = 0,
+        .nqps = 1,
+        .nonce = h->nonce,
+        .token = 1}; /* a listen's first accept has token 1: each variant fails its own check */
     struct wire_cm_private bad[REJECTS];
-    uint8_t lens[REJECTS] = {0, 3, sizeof(good), sizeof(good), sizeof(good)};
+    uint8_t lens[REJECTS] = {0, 3, sizeof(good), sizeof(good), sizeof(good), sizeof(good)};
     for (int k = 0; k < REJECTS; k++)
         bad[k] = good;
     bad[2].magic ^= 1;        /* not ours */
     bad[3].nonce++;           /* a stale listen */
     bad[4].qp_index = 0x7fff; /* no such QP */
+    bad[5].token = 2; /* right listen and QP, another accept's: requests of a peer that gave up */
     for (int k = 0; k < REJECTS; k++)
         CHECK(raw_connect(&r[k], NULL, &dst, lens[k] ? &bad[k] : NULL, lens[k]) == 0);
     CHECK(duo_barrier(d) == 0);

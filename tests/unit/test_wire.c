@@ -371,20 +371,29 @@ static void test_fuzz_records(void **state) {
 
 static void test_cm_private(void **state) {
     int qp = -1;
-    struct wire_cm_private p = {.magic = WIRE_MAGIC, .qp_index = 2, .nqps = 4, .nonce = 77};
-    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 4, &qp, why, sizeof(why)), 0);
+    struct wire_cm_private p = {
+        .magic = WIRE_MAGIC, .qp_index = 2, .nqps = 4, .nonce = 77, .token = 5};
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 5, 4, &qp, why, sizeof(why)), 0);
     assert_int_equal(qp, 2);
-    assert_int_equal(wire_cm_private_check(NULL, 0, 77, 4, &qp, why, sizeof(why)), -EPROTO);
-    assert_int_equal(wire_cm_private_check(&p, sizeof(p) - 1, 77, 4, &qp, why, sizeof(why)),
+    assert_int_equal(wire_cm_private_check(NULL, 0, 77, 5, 4, &qp, why, sizeof(why)), -EPROTO);
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p) - 1, 77, 5, 4, &qp, why, sizeof(why)),
                      -EPROTO);
-    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 78, 4, &qp, why, sizeof(why)), -EPROTO);
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 78, 5, 4, &qp, why, sizeof(why)),
+                     -EPROTO);
     assert_non_null(strstr(why, "another listen"));
-    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 3, &qp, why, sizeof(why)), -EPROTO);
+    /* the listen's, but an earlier accept's: a peer that gave up, its requests still queued */
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 6, 4, &qp, why, sizeof(why)),
+                     -EPROTO);
+    assert_non_null(strstr(why, "another accept"));
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 5, 3, &qp, why, sizeof(why)),
+                     -EPROTO);
     p.qp_index = 4;
-    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 4, &qp, why, sizeof(why)), -EPROTO);
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 5, 4, &qp, why, sizeof(why)),
+                     -EPROTO);
     p.qp_index = 0;
     p.magic = 0x12345678;
-    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 4, &qp, why, sizeof(why)), -EPROTO);
+    assert_int_equal(wire_cm_private_check(&p, sizeof(p), 77, 5, 4, &qp, why, sizeof(why)),
+                     -EPROTO);
     assert_non_null(strstr(why, "magic"));
 }
 
