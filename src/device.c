@@ -195,8 +195,10 @@ static void resolve_ptr_support(struct erdma_device *d) {
     d->gdr = gdr == 1 || (gdr == -1 && peer_memory_present());
     d->dmabuf = probe_dmabuf(d);
     d->ptr_support = NCCL_PTR_HOST;
+    /* As net_ib: NCCL_PTR_CUDA means regMr takes GPU memory, which needs peer memory. The
+     * dma-buf probe proves the kernel side only; NCCL adds CUDA's (can it export one?). */
     if (d->gdr) d->ptr_support |= NCCL_PTR_CUDA;
-    if (d->dmabuf) d->ptr_support |= NCCL_PTR_DMABUF | NCCL_PTR_CUDA;
+    if (d->dmabuf) d->ptr_support |= NCCL_PTR_DMABUF;
 }
 
 /* Reads the GID table (types from sysfs; containers may hide them: then UNKNOWN). */

@@ -82,7 +82,7 @@ int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
         struct topo_plugin_view view = {.gdr = true, .net_version = net_version};
         for (int i = 0; i < devices_count() && i < TOPO_MAX_NICS; i++) {
             view.names[view.nnics++] = device_get(i)->name;
-            view.gdr = view.gdr && (device_get(i)->ptr_support & NCCL_PTR_CUDA);
+            view.gdr = view.gdr && (device_get(i)->gdr || device_get(i)->dmabuf);
         }
         topo_autoselect(&view); /* never fails init: logs why when it leaves NCCL alone */
         mtu_guard_run();
@@ -189,9 +189,15 @@ int erdma_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) 
         return -EINVAL;
     }
     if (type == NCCL_PTR_CUDA && !(dev->ptr_support & NCCL_PTR_CUDA)) {
-        WARN("%s: regMr of GPU memory but GPU Direct RDMA is off (no nvidia_peermem); load "
-             "nvidia_peermem or set NCCL_ERDMA_GDR=1 if peer memory is provided otherwise",
-             dev->name);
+        if (dev->dmabuf)
+            WARN("%s: regMr of GPU memory without peer memory (no nvidia_peermem): this device "
+                 "takes GPU memory only as a dma-buf (regMrDmaBuf); load nvidia_peermem or set "
+                 "NCCL_ERDMA_GDR=1 if peer memory is provided otherwise",
+                 dev->name);
+        else
+            WARN("%s: regMr of GPU memory but GPU Direct RDMA is off (no nvidia_peermem); load "
+                 "nvidia_peermem or set NCCL_ERDMA_GDR=1 if peer memory is provided otherwise",
+                 dev->name);
         return -EINVAL;
     }
     struct erdma_mr *m;

@@ -76,7 +76,7 @@ int topo_show(FILE *out, const struct topo_node *node);
 struct topo_plugin_view {
     int nnics;
     const char *names[TOPO_MAX_NICS]; /* in the plugin's order: a graph's <net dev> */
-    bool gdr;                         /* every NIC reports NCCL_PTR_CUDA (peer memory, dma-buf) */
+    bool gdr;                         /* every NIC reaches GPU memory: peer memory or dma-buf */
     int net_version; /* the ncclNet version NCCL loaded; 8 means NCCL <= 2.21, 0 unknown */
 };
 

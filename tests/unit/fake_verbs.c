@@ -32,6 +32,7 @@ struct fake_dev {
     struct ibv_device_attr attr;
     struct ibv_port_attr port;
     union ibv_gid gids[2];
+    bool dmabuf;
 };
 
 struct fake_ctx {
@@ -201,6 +202,21 @@ static struct ibv_mr *f_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int ac
     live_mr++;
     pthread_mutex_unlock(&lock);
     return &m->mr;
+}
+
+/* The dma-buf stands for the memory at iova, so the copies of post_send reach it. */
+static struct ibv_mr *f_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova,
+                                      int fd, int access) {
+    (void)offset;
+    if (!dev_of(pd->context)->dmabuf) {
+        errno = EOPNOTSUPP;
+        return NULL;
+    }
+    if (fd < 0) {
+        errno = EBADF;
+        return NULL;
+    }
+    return f_reg_mr(pd, (void *)(uintptr_t)iova, len, access);
 }
 
 static int f_dereg_mr(struct ibv_mr *mr) {
@@ -662,6 +678,7 @@ void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg) {
         d->attr.phys_port_cnt = 1;
         d->attr.max_qp_wr = c && c->max_qp_wr ? c->max_qp_wr : 16384;
         d->attr.max_cqe = c && c->max_cqe ? c->max_cqe : 1 << 20;
+        d->dmabuf = c && c->dmabuf;
         d->port.state = IBV_PORT_ACTIVE;
         d->port.link_layer = IBV_LINK_LAYER_ETHERNET;
         d->port.active_mtu = IBV_MTU_1024;
@@ -690,6 +707,7 @@ void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg) {
         .alloc_pd = f_alloc_pd,
         .dealloc_pd = f_dealloc_pd,
         .reg_mr = f_reg_mr,
+        .reg_dmabuf_mr = f_reg_dmabuf_mr,
         .dereg_mr = f_dereg_mr,
         .create_cq = f_create_cq,
         .destroy_cq = f_destroy_cq,

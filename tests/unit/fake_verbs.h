@@ -27,6 +27,7 @@ struct fake_dev_cfg {
     uint32_t max_msg_sz; /* port attribute, default 1 GiB */
     int max_qp_wr;       /* default 16384 */
     int max_cqe;         /* default 1 << 20 */
+    bool dmabuf;         /* takes dma-buf MRs; default EOPNOTSUPP, as eRDMA */
 };
 
 /* Installs the fake table with ndev RoCE devices (cfg may be NULL: defaults). */

@@ -89,7 +89,7 @@ static void test_errors_are_named(void **state) {
     assert_logged(NCCL_LOG_WARN, "fake0", "past the end of the address space");
     mr_cache_put(a);
     free(buf);
-    /* the fake has no dma-buf registration, as old rdma-core */
+    /* the fake device answers EOPNOTSUPP to dma-buf, as eRDMA */
     assert_int_equal(mr_cache_get_dmabuf(cache, (void *)0x1000, 4096, 0, 3, &m), -EOPNOTSUPP);
     assert_logged(NCCL_LOG_WARN, "fake0", "dma-buf");
 }
@@ -129,6 +129,28 @@ static void test_live_at_finalize_released(void **state) {
     free(buf);
 }
 
+/* Without peer memory, GPU memory reaches a dma-buf capable device only as a dma-buf: it is
+ * not NCCL_PTR_CUDA (NCCL would then register GPU memory with regMr, which needs peer
+ * memory); regMrDmaBuf takes it, and a regMr of GPU memory is refused, naming dma-buf. */
+static void test_dmabuf_only_device(void **state) {
+    assert_int_equal(fake_env_stop(), 0);
+    struct fake_dev_cfg cfg = {.dmabuf = true};
+    assert_int_equal(fake_env_start(1, &cfg, NULL), 1); /* no sysfs: no peer memory */
+    cache = device_get(0)->mrs;
+    void *s, *r;
+    assert_int_equal(fake_pair_connect(0, 0, &s, &r), 0);
+    char *buf = malloc(8192);
+    void *mh = NULL;
+    unit_log_count = 0;
+    assert_int_equal(erdma_reg_mr(s, buf, 8192, NCCL_PTR_CUDA, &mh), -EINVAL);
+    assert_logged(NCCL_LOG_WARN, "fake0", "only as a dma-buf (regMrDmaBuf)");
+    assert_int_equal(erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, 3, &mh), 0);
+    assert_int_equal(erdma_dereg_mr(s, mh), 0);
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(erdma_close_recv(r), 0);
+    free(buf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_subrange_shares_one_registration, setup, teardown),
@@ -136,6 +158,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_errors_are_named, setup, teardown),
         cmocka_unit_test_setup_teardown(test_api_entry_points, setup, teardown),
         cmocka_unit_test_setup_teardown(test_live_at_finalize_released, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dmabuf_only_device, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
