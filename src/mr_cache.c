@@ -75,8 +75,9 @@ int mr_cache_get(struct mr_cache *c, void *data, size_t size, int type, struct e
         return -EINVAL;
     }
     /* a range past the end of the address space would round to one below its start, which
-     * any cached registration "covers" */
-    if (size > UINTPTR_MAX - (uintptr_t)data - page) {
+     * any cached registration "covers". Both bounds keep data + size + page - 1 below
+     * UINTPTR_MAX, and neither subtraction can wrap. */
+    if ((uintptr_t)data > UINTPTR_MAX - page || size > UINTPTR_MAX - page - (uintptr_t)data) {
         WARN("%s: regMr of %p+%zu runs past the end of the address space", c->dev->name, data,
              size);
         return -EINVAL;

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -94,6 +95,27 @@ static void test_errors_are_named(void **state) {
     assert_logged(NCCL_LOG_WARN, "fake0", "dma-buf");
 }
 
+/* A pointer in the last page: UINTPTR_MAX - data - page wrapped, the guard let it through, and
+ * its range rounded to [base, 0), which the cached registration "covered". */
+static void test_last_page_is_refused(void **state) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    char *buf = aligned_alloc(4096, 4096);
+    struct erdma_mr *a = NULL, *m = NULL;
+    assert_int_equal(mr_cache_get(cache, buf, 4096, NCCL_PTR_HOST, &a), 0);
+    unit_log_count = 0;
+    assert_int_equal(mr_cache_get(cache, (void *)(UINTPTR_MAX - 0x7ff), 0x100, NCCL_PTR_HOST, &m),
+                     -EINVAL);
+    assert_logged(NCCL_LOG_WARN, "fake0", "past the end of the address space");
+    assert_int_equal(mr_cache_get(cache, (void *)(UINTPTR_MAX - page + 1), 0, NCCL_PTR_HOST, &m),
+                     -EINVAL);
+    /* the page below the last one still registers: its rounded end is the last page's start */
+    assert_int_equal(mr_cache_get(cache, (void *)(UINTPTR_MAX - page), 0, NCCL_PTR_HOST, &m), 0);
+    assert_ptr_not_equal(m, a);
+    mr_cache_put(m);
+    mr_cache_put(a);
+    free(buf);
+}
+
 /* Through the API: a comm names the device, and deregMr of NULL is a no-op. */
 static void test_api_entry_points(void **state) {
     void *s, *r;
@@ -156,6 +178,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_subrange_shares_one_registration, setup, teardown),
         cmocka_unit_test_setup_teardown(test_zero_length_and_unaligned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors_are_named, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_last_page_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_api_entry_points, setup, teardown),
         cmocka_unit_test_setup_teardown(test_live_at_finalize_released, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dmabuf_only_device, setup, teardown),
