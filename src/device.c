@@ -218,16 +218,23 @@ static int read_gid_table(struct erdma_device *d, int len, struct gid_entry *tbl
 }
 
 static int choose_gid(struct erdma_device *d, int table_len) {
-    struct gid_entry tbl[64];
+    int requested = (int)param_int(P_IB_GID_INDEX);
+    /* Auto selection looks at the first 64 entries (each costs a query and a sysfs read);
+     * an index the user set is read wherever it lies in the port's table, as net_ib does
+     * (mlx5 RoCE ports have 128 or 256). */
     int n = table_len < 64 ? table_len : 64;
+    if (requested >= n && requested < table_len) n = requested + 1;
+    struct gid_entry *tbl = calloc((size_t)(n > 0 ? n : 1), sizeof(*tbl));
+    if (!tbl) return -ENOMEM;
     read_gid_table(d, n, tbl);
     bool want_v4 = strcmp(param_str(P_IB_ADDR_FAMILY), "AF_INET6") != 0;
-    struct gid_choice c = gid_select(tbl, n, (int)param_int(P_IB_GID_INDEX), want_v4,
-                                     (int)param_int(P_IB_ROCE_VERSION_NUM));
+    struct gid_choice c =
+        gid_select(tbl, n, requested, want_v4, (int)param_int(P_IB_ROCE_VERSION_NUM));
     if (c.index < 0) {
         WARN("%s:%d has no usable RoCE GID: %s. Check the interface has an IPv4 address "
              "(eRDMA compat mode puts ::ffff:<IPv4> at index 1); skipping this device",
              d->name, d->port, c.reason);
+        free(tbl);
         return -ENODEV;
     }
     if (c.fell_back) {
@@ -239,6 +246,7 @@ static int choose_gid(struct erdma_device *d, int table_len) {
     }
     d->gid_index = c.index;
     memcpy(d->gid.raw, tbl[c.index].raw, 16);
+    free(tbl);
     return 0;
 }
 

@@ -34,7 +34,7 @@
 
 #define FAKE_MAX_DEVS  4
 #define FAKE_MAX_PORTS 2
-#define FAKE_GIDS      16
+#define FAKE_GIDS      128 /* mlx5 RoCE: 128 or 256; eRDMA: 16 */
 
 struct fake_port {
     struct ibv_port_attr attr;
@@ -246,7 +246,7 @@ static struct fake_dev *add_roce_dev(const char *name, uint64_t guid, const char
     struct fake_dev *d = add_dev(name, IBV_NODE_CA, IBV_TRANSPORT_IB, guid);
     char mapped[64];
     for (int p = 1; p <= FAKE_MAX_PORTS; p++) {
-        d->ports[p - 1].attr.gid_tbl_len = FAKE_GIDS;
+        d->ports[p - 1].attr.gid_tbl_len = 16;
         set_gid(d, p, 0, "fe80::216:3eff:fe01:203");
         snprintf(mapped, sizeof(mapped), "::ffff:%s", ipv4);
         set_gid(d, p, 1, mapped);
@@ -472,6 +472,28 @@ static void test_gid_index_env_falls_back(void **state) {
     assert_int_equal(unit_log_count_level(NCCL_LOG_WARN), 2);
     assert_logged(NCCL_LOG_WARN, "erdma_0:1", "GID index 0", "link-local",
                   "using GID index 1 (::ffff:172.16.0.10)", "NCCL_IB_GID_INDEX=1");
+    release_and_check();
+}
+
+/* Auto selection reads the first 64 GIDs; an index the user set is read wherever it lies in
+ * the port's table, as net_ib does (it was refused as "beyond the GID table"). */
+static void test_gid_index_env_past_64(void **state) {
+    ebmgn9g_fakes();
+    for (int i = 0; i < 2; i++) {
+        fdevs[i].ports[0].attr.gid_tbl_len = FAKE_GIDS;
+        set_gid(&fdevs[i], 1, 100, "::ffff:172.16.0.100");
+    }
+    setenv("NCCL_IB_GID_INDEX", "100", 1);
+    assert_discover(2);
+    assert_int_equal(device_get(0)->gid_index, 100);
+    assert_int_equal(unit_log_count_level(NCCL_LOG_WARN), 0);
+    release_and_check();
+    /* past the port's table: refused, auto picks */
+    setenv("NCCL_IB_GID_INDEX", "200", 1);
+    assert_discover(2);
+    assert_int_equal(device_get(0)->gid_index, 1);
+    assert_logged(NCCL_LOG_WARN, "erdma_0:1", "GID index 200 is beyond the GID table",
+                  "using GID index 1");
     release_and_check();
 }
 
@@ -936,6 +958,7 @@ int main(void) {
         T(test_port_speed_override),
         T(test_gid_index_env_falls_back),
         T(test_interface_without_ipv4_skipped),
+        T(test_gid_index_env_past_64),
         T(test_dmabuf_eopnotsupp),
         T(test_dmabuf_ebadf),
         T(test_dmabuf_registration_succeeds),
