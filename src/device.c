@@ -217,6 +217,11 @@ static int read_gid_table(struct erdma_device *d, int len, struct gid_entry *tbl
     return 0;
 }
 
+static const char *const addr_families[] = {"AF_INET", "AF_INET6", NULL};
+
+/* Read in devices_discover, as cm_choice: a bad value is WARNed once, not per device. */
+static int family_choice;
+
 static int choose_gid(struct erdma_device *d, int table_len) {
     int requested = (int)param_int(P_IB_GID_INDEX);
     /* Auto selection looks at the first 64 entries (each costs a query and a sysfs read);
@@ -227,7 +232,7 @@ static int choose_gid(struct erdma_device *d, int table_len) {
     struct gid_entry *tbl = calloc((size_t)(n > 0 ? n : 1), sizeof(*tbl));
     if (!tbl) return -ENOMEM;
     read_gid_table(d, n, tbl);
-    bool want_v4 = strcmp(param_str(P_IB_ADDR_FAMILY), "AF_INET6") != 0;
+    bool want_v4 = family_choice == 0;
     struct gid_choice c =
         gid_select(tbl, n, requested, want_v4, (int)param_int(P_IB_ROCE_VERSION_NUM));
     if (c.index < 0) {
@@ -472,6 +477,7 @@ int devices_discover(void) {
     ndevices = 0;
     cm_choice = param_choice(P_ERDMA_CONNECT_MODE, connect_modes);
     comp_choice = param_choice(P_ERDMA_COMPLETION, completion_modes);
+    family_choice = param_choice(P_IB_ADDR_FAMILY, addr_families);
     if (hca_filter_parse(param_str(P_IB_HCA), &filter, err, sizeof(err))) {
         WARN("NCCL_IB_HCA=\"%s\" is malformed: %s", param_str(P_IB_HCA), err);
         return -EINVAL;

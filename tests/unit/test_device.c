@@ -497,6 +497,26 @@ static void test_gid_index_env_past_64(void **state) {
     release_and_check();
 }
 
+/* NCCL_IB_ADDR_FAMILY is a choice: a value other than AF_INET/AF_INET6 is WARNed about once
+ * and means AF_INET (any string but exactly "AF_INET6" silently meant AF_INET). */
+static void test_addr_family_choice(void **state) {
+    ebmgn9g_fakes();
+    for (int i = 0; i < 2; i++)
+        set_gid(&fdevs[i], 1, 2, i ? "2001:db8::11" : "2001:db8::10");
+    setenv("NCCL_IB_ADDR_FAMILY", "AF_INET6", 1);
+    assert_discover(2);
+    assert_int_equal(device_get(0)->gid_index, 2);
+    assert_int_equal(unit_log_count_level(NCCL_LOG_WARN), 0);
+    release_and_check();
+    setenv("NCCL_IB_ADDR_FAMILY", "ipv6", 1);
+    assert_discover(2);
+    assert_int_equal(device_get(0)->gid_index, 1);
+    assert_int_equal(unit_log_count_level(NCCL_LOG_WARN), 1); /* once, not per device */
+    assert_logged(NCCL_LOG_WARN, "NCCL_IB_ADDR_FAMILY=\"ipv6\"", "{AF_INET, AF_INET6}",
+                  "using \"AF_INET\"");
+    release_and_check();
+}
+
 static void test_interface_without_ipv4_skipped(void **state) {
     ebmgn9g_fakes();
     memset(&fdevs[1].ports[0].gids[1], 0, 16); /* erdma_1's netdev has no IPv4 yet */
@@ -959,6 +979,7 @@ int main(void) {
         T(test_gid_index_env_falls_back),
         T(test_interface_without_ipv4_skipped),
         T(test_gid_index_env_past_64),
+        T(test_addr_family_choice),
         T(test_dmabuf_eopnotsupp),
         T(test_dmabuf_ebadf),
         T(test_dmabuf_registration_succeeds),
