@@ -512,6 +512,14 @@ int topo_graph_select(const struct topo_node *node, const struct topo_plugin_vie
             return -ENOENT;
         }
     }
+    /* NCCL skips a graph from a file only when NCCL_CROSS_NIC=0 and the graph says crossnic="1";
+     * the shipped rings say "2" (NCCL's own dump), so NCCL would load them despite the 0. */
+    if (param_int(P_NCCL_CROSS_NIC) == 0) {
+        snprintf(why, wlen,
+                 "NCCL_CROSS_NIC=0, but the graphs' rings cross NICs (each ring channel enters "
+                 "on one NIC and leaves on the other), and NCCL loads them regardless");
+        return -ENOENT;
+    }
     snprintf(path, plen, "%s/graph-%s.xml", dir, cpu);
     return graph_file_fits(node, path, why, wlen);
 }

@@ -51,6 +51,8 @@ select)
   expect 1 '^refused: GPU Direct RDMA is off'
   "$tool" --sysfs-root "$fx/ebmgn9g" select --topo-dir "$src/topo" --nccl-net 8 >"$out" 2>&1; rc=$?
   expect 1 '^refused: NCCL loaded ncclNet v8'
+  NCCL_CROSS_NIC=0 "$tool" --sysfs-root "$fx/ebmgn9g" select --topo-dir "$src/topo" >"$out" 2>&1; rc=$?
+  expect 1 '^refused: NCCL_CROSS_NIC=0, but the graphs. rings cross NICs'
   "$tool" --sysfs-root "$fx/one_nic" select --topo-dir "$src/topo" >"$out" 2>&1; rc=$?
   expect 1 '^refused: 8 NVIDIA GPUs and 1 eRDMA NICs' ;;
 usage)

@@ -495,6 +495,7 @@ static void capture(ncclDebugLogLevel level, unsigned long flags, const char *fi
 static int select_setup(void **state) {
     unsetenv("NCCL_TOPO_FILE");
     unsetenv("NCCL_GRAPH_FILE");
+    unsetenv("NCCL_CROSS_NIC");
     unsetenv("NCCL_ERDMA_TOPO");
     unsetenv("NCCL_ERDMA_INSTANCE_TYPE");
     setenv("NCCL_ERDMA_TOPO_DIR", shipped, 1);
@@ -508,6 +509,7 @@ static int select_teardown(void **state) {
     erdma_log_set(NULL);
     unsetenv("NCCL_TOPO_FILE");
     unsetenv("NCCL_GRAPH_FILE");
+    unsetenv("NCCL_CROSS_NIC");
     unsetenv("NCCL_ERDMA_TOPO_DIR");
     unsetenv("NCCL_ERDMA_TOPO");
     unsetenv("NCCL_ERDMA_INSTANCE_TYPE");
@@ -597,6 +599,21 @@ static void test_select_graph_refused(void **state) {
     plugin_both_nics();
     assert_int_equal(run_select("one_nic"), 0);
     expect_left_alone("not an ebmgn9g-family node (8 NVIDIA GPUs and 1 eRDMA NICs");
+
+    /* The rings enter on one NIC and leave on the other (crossnic="2"), which NCCL loads
+     * whatever NCCL_CROSS_NIC says: a user who pins rails with 0 must not get them. */
+    plugin_both_nics();
+    setenv("NCCL_CROSS_NIC", "0", 1);
+    assert_int_equal(run_select("ebmgn9g"), 0);
+    expect_left_alone("no graph set: NCCL_CROSS_NIC=0, but the graphs' rings cross NICs");
+    for (int v = 1; v <= 2; v++) { /* 1 forces crossing, 2 (the default) allows it */
+        char value[2] = {(char)('0' + v), 0};
+        setenv("NCCL_CROSS_NIC", value, 1);
+        assert_int_equal(run_select("ebmgn9g"), 1);
+        assert_non_null(strstr(getenv("NCCL_GRAPH_FILE"), "/graph-intel-spr.xml"));
+        unsetenv("NCCL_GRAPH_FILE");
+    }
+    unsetenv("NCCL_CROSS_NIC");
 
     /* No graph for this CPU. */
     char dir[PATH_MAX];
