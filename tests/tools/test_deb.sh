@@ -27,6 +27,12 @@ grep -q 'librdmacm1' <<<"$depends"
 contents=$(dpkg-deb -c "$deb")
 grep -q '\./usr/lib/libnccl-net-erdma\.so$' <<<"$contents"
 grep -q '\./usr/bin/nccl-erdma-doctor$' <<<"$contents"
+grep -q '\./usr/share/nccl-net-erdma/topo/graph-intel-spr\.xml$' <<<"$contents"
+# never the older files NCCL rejects (topo/README.md; unit_install_topo checks the install tree)
+if grep -E '/topo/[^/]*-topo\.xml$|/topo/ebmgn9g' <<<"$contents"; then
+    echo "FAIL: the package installs a topology/graph file topo/README.md calls broken"
+    exit 1
+fi
 dpkg-deb -x "$deb" "$tmp/root"
 "$PROBE" "$tmp/root/usr/lib/libnccl-net-erdma.so"
 LD_LIBRARY_PATH=$tmp/root/usr/lib "$PROBE" libnccl-net-erdma.so
