@@ -486,8 +486,9 @@ int topo_graph_select(const struct topo_node *node, const struct topo_plugin_vie
     if (!cpu) return -ENOENT;
     if (plugin->net_version == 8) {
         snprintf(why, wlen,
-                 "NCCL loaded ncclNet v8 (NCCL 2.21 or older), whose model gives this CPU's "
-                 "socket link 6 GB/s: the graphs carry NCCL 2.22+'s figures");
+                 "NCCL loaded ncclNet v8 (NCCL 2.23 or older; v9 came with 2.24): the graphs "
+                 "carry the figures of newer releases (2.21's model gives this CPU's socket "
+                 "link 6 GB/s)");
         return -ENOENT;
     }
     if (!plugin->gdr) {

@@ -91,7 +91,7 @@ const char *topo_cpu_kind(char *why, size_t wlen);
  * The shipped graph (topo/graph-<cpu>.xml, NCCL's own ring and tree of the family layout) for
  * this node, when everything it assumes holds: a family node (8 GPUs, 2 eRDMA NICs, GPUs 0-3
  * PIX-near the first NIC and 4-7 the second), a CPU kind it is made for, GPU Direct RDMA, both
- * NICs in the plugin's use, in bus ID order, NCCL 2.22 or newer (ncclNet v9+: 2.21 models these
+ * NICs in the plugin's use, in bus ID order, ncclNet v9 or newer (NCCL 2.24+; 2.21 models these
  * CPUs' socket link as Skylake's), NCCL_CROSS_NIC not 0 (the rings cross NICs). 0 with its path,
  * or -ENOENT with the first assumption that fails in why.
  */

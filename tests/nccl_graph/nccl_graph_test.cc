@@ -299,7 +299,7 @@ static ncclResult_t net_properties(int dev, ncclNetProperties_t *p) {
     p->maxRecvs = 1;
     p->netDeviceType = NCCL_NET_DEVICE_HOST;
     p->netDeviceVersion = NCCL_NET_DEVICE_INVALID_VERSION;
-#if NCCL_VERSION_CODE >= 22200 /* ncclNet v9 */
+#if NCCL_VERSION_CODE >= 22400 /* ncclNet v9 */
     p->vProps.ndevs = 1;
     p->vProps.devs[0] = dev;
     p->maxP2pBytes = NCCL_MAX_NET_SIZE_BYTES;
@@ -312,7 +312,7 @@ static ncclResult_t net_properties(int dev, ncclNetProperties_t *p) {
     return ncclSuccess;
 }
 
-#if NCCL_VERSION_CODE >= 22200
+#if NCCL_VERSION_CODE >= 22400 /* ncclNet v9 */
 static ncclResult_t net_make_vdevice(int *, ncclNetVDeviceProps_t *props) {
     fprintf(stderr, "NCCL asked the plugin to merge %d NICs: not expected on these nodes\n",
             props->ndevs);
@@ -426,7 +426,7 @@ static void *rank_main(void *arg) {
     net.name = name;
     net.devices = net_devices;
     net.getProperties = net_properties;
-#if NCCL_VERSION_CODE >= 22200
+#if NCCL_VERSION_CODE >= 22400
     net.makeVDevice = net_make_vdevice;
 #endif
 
@@ -620,8 +620,8 @@ static void check_old_graph(const ng_case &c, bool negative) {
 static std::string plugin_selects(std::string &why) {
     std::string cmd = std::string(opt.tool) + " --sysfs-root '" + W.root + "' select --topo-dir '" +
                       opt.topo_dir + "' --gdr " + (W.gdr ? "1" : "0") +
-                      /* the ncclNet version this NCCL loads: v8 up to 2.21 */
-                      (NCCL_VERSION_CODE >= 22200 ? " --nccl-net 9" : " --nccl-net 8") + " --nics ";
+                      /* the ncclNet version this NCCL loads: v8 up to 2.23, v9 from 2.24 */
+                      (NCCL_VERSION_CODE >= 22400 ? " --nccl-net 9" : " --nccl-net 8") + " --nics ";
     for (size_t i = 0; i < W.nics.size(); i++)
         cmd += (i ? "," : "") + W.nics[i].name;
     cmd += " 2>&1";
@@ -648,9 +648,9 @@ static const char *const cpu_names[] = {"intel-spr", "intel-erp", "amd"};
  * nodes the one for its CPU, which NCCL loads and which equals NCCL's own search. */
 static void check_selection(const ng_case &c, bool negative) {
     std::string why, file = plugin_selects(why);
-    /* No graph for AMD (NCCL's own search there leaves through the far NIC), nor for NCCL 2.21
-     * (its model gives these Intel CPUs 6 GB/s, the graphs carry 2.22+'s figures). */
-    bool expected = !negative && c.cpu != CPU_AMD && NCCL_VERSION_CODE >= 22200;
+    /* No graph for AMD (NCCL's own search there leaves through the far NIC), nor where NCCL loads
+     * ncclNet v8, up to 2.23 (2.21's model gives these Intel CPUs 6 GB/s). */
+    bool expected = !negative && c.cpu != CPU_AMD && NCCL_VERSION_CODE >= 22400;
     if (file.empty()) {
         printf("  graph selection: none (%s)\n", why.c_str());
         if (expected) fail("the plugin selects no graph on an Intel family tree: %s", why.c_str());
@@ -933,8 +933,9 @@ int main(int argc, char **argv) {
              {"PIX", one_nic_ch, one_nic_ch, one_nic, false}, true);
     if (opt.old_graph && old_accepted_negative)
         fail("%s was acceptable on %d negative tree(s)", opt.old_graph, old_accepted_negative);
-    /* The Intel family trees of 2 nodes (3) and of 1 node (1) select a graph (from 2.22). */
-    const int want_selected = NCCL_VERSION_CODE >= 22200 ? 4 : 0;
+    /* The Intel family trees of 2 nodes (3) and of 1 node (1) select a graph (ncclNet v9: 2.24+).
+     */
+    const int want_selected = NCCL_VERSION_CODE >= 22400 ? 4 : 0;
     if (opt.tool && selected != want_selected)
         fail("graphs selected on %d trees, expected %d", selected, want_selected);
     if (opt.tool) check_subcomm_graph();
