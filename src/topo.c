@@ -590,10 +590,13 @@ int topo_autoselect(const struct topo_plugin_view *view) {
              what, how, path);
         return 0;
     }
-    setenv("NCCL_GRAPH_FILE", path, 0);
+    /* Only an unset or empty NCCL_GRAPH_FILE gets here (a user's file returned above): empty
+     * means unset to every parameter (params.c), and NCCL would try to open "", so replace it. */
+    bool was_empty = getenv("NCCL_GRAPH_FILE") != NULL;
+    setenv("NCCL_GRAPH_FILE", path, 1);
     INFO(NCCL_INIT | NCCL_ENV,
-         "topology: %s node (%s); NCCL_ERDMA_TOPO=graph: NCCL_GRAPH_FILE=%s (for communicators "
+         "topology: %s node (%s); NCCL_ERDMA_TOPO=graph: NCCL_GRAPH_FILE=%s%s (for communicators "
          "of all 8 GPUs of each node: NCCL rejects it in one over fewer)",
-         what, how, path);
+         what, how, path, was_empty ? " (it was set but empty)" : "");
     return 1;
 }

@@ -99,7 +99,7 @@ int topo_graph_select(const struct topo_node *node, const struct topo_plugin_vie
                       const char *dir, char *path, size_t plen, char *why, size_t wlen);
 
 /*
- * At init, when NCCL_TOPO_FILE and NCCL_GRAPH_FILE are unset and the node is
+ * At init, when NCCL_TOPO_FILE and NCCL_GRAPH_FILE are unset (or empty) and the node is
  * recognised: NCCL_ERDMA_TOPO=auto logs what topo_graph_select finds and sets nothing;
  * =graph sets NCCL_GRAPH_FILE to the graph it selects. Returns 1 when it set
  * it, 0 when it left NCCL alone (the reason is logged); never fails init.

@@ -568,6 +568,27 @@ static void test_select_graph_mode(void **state) {
     unsetenv("NCCL_GRAPH_FILE");
 }
 
+/* An empty NCCL_GRAPH_FILE is unset to the plugin (params.c, as every parameter) and would make
+ * NCCL open "": graph mode replaces it, and the file it logs is the one NCCL reads. */
+static void test_select_graph_mode_empty_file(void **state) {
+    plugin_both_nics();
+    setenv("NCCL_ERDMA_TOPO", "graph", 1);
+    setenv("NCCL_GRAPH_FILE", "", 1);
+    assert_int_equal(run_select("ebmgn9g"), 1);
+    char want[PATH_MAX * 2];
+    snprintf(want, sizeof(want), "%s/graph-intel-spr.xml", shipped);
+    assert_non_null(getenv("NCCL_GRAPH_FILE"));
+    assert_string_equal(getenv("NCCL_GRAPH_FILE"), want);
+    if (!strstr(log_text, "(it was set but empty)")) print_error("log: %s\n", log_text);
+    assert_non_null(strstr(log_text, "(it was set but empty)"));
+    unsetenv("NCCL_GRAPH_FILE");
+    /* auto still sets nothing, and leaves the user's empty value as it was. */
+    unsetenv("NCCL_ERDMA_TOPO");
+    setenv("NCCL_GRAPH_FILE", "", 1);
+    assert_int_equal(run_select("ebmgn9g"), 0);
+    assert_string_equal(getenv("NCCL_GRAPH_FILE"), "");
+}
+
 /* Every assumption of the graphs, broken one at a time: NCCL_ERDMA_TOPO=graph sets nothing and
  * one INFO line names the assumption. */
 static void test_select_graph_refused(void **state) {
@@ -764,6 +785,7 @@ int main(void) {
 #define SELECT(f) cmocka_unit_test_setup_teardown(f, select_setup, select_teardown)
         SELECT(test_select_by_shape),
         SELECT(test_select_graph_mode),
+        SELECT(test_select_graph_mode_empty_file),
         SELECT(test_select_graph_refused),
         SELECT(test_select_auto_never_sets),
         SELECT(test_select_unknown_instance_type),
