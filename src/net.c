@@ -104,11 +104,13 @@ out:
     return rc;
 }
 
+static void stop_threads(void);
+
 static void release_all(void) {
     erdma_connect_sweep(); /* abandoned connects hold QPs, CQs and MRs of the devices */
-    reap_drain();          /* closed comms still saying goodbye hold them too */
-    stats_stop();          /* the INFO line per device and the last file, while names are valid */
-    async_stop();          /* before the devices it watches */
+    /* closed comms still saying goodbye hold them too; the stats' INFO line per device and
+     * last file while names are valid; the async thread before the devices it watches */
+    stop_threads();
     devices_release();
     verbs_close();
     prof_set(NULL);
@@ -148,18 +150,32 @@ void erdma_object_closed(void) {
     pthread_mutex_unlock(&init_lock);
 }
 
-/* NCCL >= 2.26 may dlclose() the plugin without a finalize (v8-v10 have none). */
+/* Our own threads: none may outlive the code of an unloaded plugin. */
+static void stop_threads(void) {
+    reap_drain();
+    stats_stop();
+    async_stop();
+}
+
+/* At process exit, and when NCCL >= 2.26 dlclose()s the plugin without a finalize (v8-v10
+ * have none). */
 __attribute__((destructor)) static void erdma_unload(void) {
+    /* A forked child that exits inherited the parent's state but not its threads: its stop
+     * pipe and verbs file descriptors are the parent's, and releasing through them would stop
+     * the parent's thread and destroy the parent's resources. Checked before the lock: a fork
+     * while another thread held it leaves it locked for ever in the child. */
+    if (getpid() != __atomic_load_n(&init_pid, __ATOMIC_ACQUIRE)) return;
     pthread_mutex_lock(&init_lock);
-    /* A forked child that exits inherited the parent's state but not its async thread: its
-     * stop pipe and verbs file descriptors are the parent's, and releasing through them would
-     * stop the parent's thread and destroy the parent's resources. */
-    if (getpid() != init_pid) {
-        init_refs = 0;
-        release_deferred = false;
+    if (init_refs > 0 || release_deferred) {
+        if (__atomic_load_n(&open_objects, __ATOMIC_ACQUIRE) > 0)
+            /* Comms still open: this is an exit without a finalize (NCCL dlcloses only after
+             * its comms are closed), and NCCL's proxy threads may still be in isend or test.
+             * The devices and the verbs library stay for them (the kernel reclaims them);
+             * our threads stop. Released, a busy data path crashed the exit (SIGSEGV). */
+            stop_threads();
+        else
+            release_all();
     }
-    /* at exit or dlclose with handles still open: the async thread must stop all the same */
-    if (init_refs > 0 || release_deferred) release_all();
     init_refs = 0;
     release_deferred = false;
     erdma_log_set(NULL);

@@ -20,6 +20,7 @@
 #include <linux/capability.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1293,6 +1294,98 @@ static int forked_child_main(struct duo *d, void *arg) {
     return 0;
 }
 
+/* ------------------------------------------------------------ scenario: exit, data path busy
+ * A process that exits with its comms open and no finalize (ncclNet v8-v10 have none; scripts
+ * often exit without destroying their communicators) while NCCL's proxy thread still tests a
+ * receive: the plugin's exit-time cleanup must leave the devices and the verbs library to that
+ * thread (it released them: SIGSEGV in the exit). */
+struct busy_spin {
+    struct netapi *n;
+    void *req;
+};
+
+/* Tests for ever, as NCCL's proxy thread does (yielding when nothing progressed) and as one
+ * with other work would go on calling in: an error is said once, not a reason to stop. */
+static void *busy_spin_main(void *p) {
+    struct busy_spin *s = p;
+    bool said = false;
+    for (int done = 0; !done; sched_yield()) {
+        int rc = net_test(s->n, s->req, &done, NULL);
+        if (rc && !said) fprintf(stderr, "test() failed during the exit: %d\n", rc);
+        said |= rc != 0;
+    }
+    return NULL;
+}
+
+struct busy_connect {
+    struct netapi *n;
+    char *handle;
+    void *sc;
+    int rc;
+};
+
+static void *busy_connect_main(void *p) {
+    struct busy_connect *b = p;
+    b->rc = net_connect(b->n, b->handle, &b->sc, TMO);
+    return NULL;
+}
+
+/* In a fresh child: a connection to itself, a receive that never completes, a thread testing
+ * it, then exit(0) from main. Returns only when a step failed. */
+static int exit_busy_child(int version, const char *dev) {
+    struct netapi n;
+    void *lc, *rc = NULL, *mh, *req;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    uint8_t *buf = page_alloc(SMALL);
+    void *data = buf;
+    size_t len = SMALL;
+    int tag = 0;
+    pthread_t t;
+    CHECK(net_open(&n, version, dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    struct busy_connect bc = {.n = &n, .handle = handle, .rc = -1};
+    CHECK(pthread_create(&t, NULL, busy_connect_main, &bc) == 0);
+    CHECK(net_accept(&n, lc, &rc, TMO) == 0);
+    CHECK(pthread_join(t, NULL) == 0 && bc.rc == 0 && bc.sc);
+    CHECK(net_regmr(&n, rc, buf, SMALL, &mh) == 0);
+    CHECK(net_irecv(&n, rc, 1, &data, &len, &tag, &mh, &req, TMO) == 0);
+    struct busy_spin spin = {.n = &n, .req = req};
+    CHECK(pthread_create(&t, NULL, busy_spin_main, &spin) == 0);
+    usleep(200000); /* the thread is in test() */
+    exit(0);
+}
+
+static int exit_busy_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    static const int versions[] = {10, 12}; /* without a finalize, and with one not called */
+    for (int v = 0; v < 2; v++) {
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) { /* cmocka's handlers would turn a crash into an exit status */
+            signal(SIGSEGV, SIG_DFL);
+            signal(SIGBUS, SIG_DFL);
+            signal(SIGILL, SIG_DFL);
+            signal(SIGFPE, SIG_DFL);
+            _exit(exit_busy_child(versions[v], c->dev) ? 3 : 4);
+        }
+        int status = 0;
+        pid_t w = 0;
+        for (double end = now_s() + 30; !w && now_s() < end; usleep(10000))
+            w = waitpid(pid, &status, WNOHANG);
+        if (!w) { /* its exit hangs */
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+        }
+        fprintf(stderr, "v%d child: %s %d\n", versions[v],
+                WIFSIGNALED(status) ? "killed by signal" : "exit status",
+                WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        CHECK(w == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    figure("exit(0) with a receive being tested on %s (v10, v12 without finalize): exit status 0",
+           c->dev);
+    return 0;
+}
+
 /* regMr of memory that is not there: an error with a reason, and nothing broken after. */
 static int regmr_bad_main(struct duo *d, void *arg) {
     const struct cfg *c = arg;
@@ -2238,6 +2331,7 @@ static const struct scenario scenarios[] = {
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
     {"hygiene/forked_child_exits", RUN_SOLO, forked_child_main, NULL, NULL},
+    {"hygiene/exit_while_testing", RUN_SOLO, exit_busy_main, NULL, NULL},
     {"hygiene/abandoned_connect", RUN_SOLO, abandoned_main, NULL, NULL},
     {"hygiene/finalize_before_close", RUN_SOLO, finalize_open_main, NULL, NULL},
     {"hygiene/plugin_reload_cycles", RUN_SOLO, reload_main, NULL, NULL},
