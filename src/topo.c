@@ -20,11 +20,14 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef ERDMA_TOPO_DIR
 #define ERDMA_TOPO_DIR "/usr/local/share/nccl-net-erdma/topo"
@@ -527,8 +530,37 @@ int topo_graph_select(const struct topo_node *node, const struct topo_plugin_vie
 
 /* ---------- automatic selection ---------- */
 
+/* The shipped files are installed in <prefix>/share/nccl-net-erdma/topo, beside the
+ * <prefix>/lib (or lib/<multiarch>, or bin) this code was loaded from, and are looked for there
+ * first: a package installs under another prefix than the build's (the .deb goes to /usr, the
+ * build's default is /usr/local), and an image may copy the tree elsewhere. Else the build's. */
+static char found_topo_dir[PATH_MAX];
+static pthread_once_t topo_dir_once = PTHREAD_ONCE_INIT;
+
+static void topo_dir_find(void) {
+    snprintf(found_topo_dir, sizeof(found_topo_dir), "%s", ERDMA_TOPO_DIR);
+    Dl_info info;
+    char here[PATH_MAX], cand[PATH_MAX];
+    if (!dladdr((void *)topo_dir_find, &info) || !info.dli_fname || !realpath(info.dli_fname, here))
+        return;
+    for (int up = 0; up < 3; up++) { /* the object's directory, then 1 or 2 levels above it */
+        char *slash = strrchr(here, '/');
+        if (!slash) return;
+        *slash = 0;
+        if (up == 0) continue;
+        if (snprintf(cand, sizeof(cand), "%s/share/nccl-net-erdma/topo", here) >= (int)sizeof(cand))
+            return;
+        if (access(cand, R_OK | X_OK) == 0) {
+            memcpy(found_topo_dir, cand, sizeof(cand));
+            return;
+        }
+    }
+}
+
 const char *topo_dir(void) {
-    return param_is_set(P_ERDMA_TOPO_DIR) ? param_str(P_ERDMA_TOPO_DIR) : ERDMA_TOPO_DIR;
+    if (param_is_set(P_ERDMA_TOPO_DIR)) return param_str(P_ERDMA_TOPO_DIR);
+    pthread_once(&topo_dir_once, topo_dir_find);
+    return found_topo_dir;
 }
 
 int topo_autoselect(const struct topo_plugin_view *view) {

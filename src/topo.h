@@ -80,7 +80,8 @@ struct topo_plugin_view {
     int net_version; /* the ncclNet version NCCL loaded; 8 means NCCL <= 2.21, 0 unknown */
 };
 
-/* Where the shipped files are: NCCL_ERDMA_TOPO_DIR, else the installed share/nccl-net-erdma/topo.
+/* Where the shipped files are: NCCL_ERDMA_TOPO_DIR, else share/nccl-net-erdma/topo of the
+ * prefix this code was loaded from, else the build's installed one.
  */
 const char *topo_dir(void);
 /* The CPU kind (/proc/cpuinfo under the sysfs root) a graph is shipped for, as NCCL's model

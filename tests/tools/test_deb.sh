@@ -37,6 +37,15 @@ dpkg-deb -x "$deb" "$tmp/root"
 "$PROBE" "$tmp/root/usr/lib/libnccl-net-erdma.so"
 LD_LIBRARY_PATH=$tmp/root/usr/lib "$PROBE" libnccl-net-erdma.so
 "$tmp/root/usr/bin/nccl-erdma-doctor" --version
+# The package installs under /usr, the build was configured for /usr/local: the shipped graphs
+# are found beside the installed binaries all the same (a family node's sysfs fixture).
+fixture=$(cd "$(dirname "$0")/../fixtures/topo/ebmgn9g" && pwd)
+root=$(realpath "$tmp/root")
+selected=$(env -u NCCL_ERDMA_TOPO_DIR -u NCCL_CROSS_NIC \
+    "$root/usr/bin/nccl-erdma-topo" --sysfs-root "$fixture" select) ||
+    { echo "FAIL: the packaged nccl-erdma-topo found no graph: $selected"; exit 1; }
+[ "$selected" = "$root/usr/share/nccl-net-erdma/topo/graph-intel-spr.xml" ] ||
+    { echo "FAIL: the packaged nccl-erdma-topo selected '$selected'"; exit 1; }
 if [ "${2:-}" = --install ]; then
     [ "${RDMA_VM:-}" = 1 ] || { echo "FAIL: --install only inside the RDMA VM (its root is thrown away)"; exit 1; }
     dpkg -i "$deb"
