@@ -207,7 +207,8 @@ static void test_gid_index_out_of_range(void **state) {
     struct plugin *p = *state;
     setenv("NCCL_IB_GID_INDEX", "200", 1);
     assert_int_equal(p->v8->init(log_capture), ncclSuccess);
-    assert_true(log_contains("GID index 200 is beyond the GID table"));
+    /* rxe's table has more than 200 entries (it is read, as net_ib reads it): an empty one */
+    assert_true(log_contains("GID index 200 is empty"));
     assert_true(log_contains("[0]rxe0:1/RoCE/GID1"));
 }
 
