@@ -322,17 +322,21 @@ static ncclResult_t net_make_vdevice(int *, ncclNetVDeviceProps_t *props) {
 
 /* ---------- one rank ---------- */
 
+/* A graph as NCCL holds it after ncclTopoCompute, searched or loaded from NCCL_GRAPH_FILE: the
+ * pattern decides which GPUs carry a tree's network traffic, crossNic whether connect.cc
+ * alternates the rings, latencyInter the tuning model's network latency. */
 struct ng_graph_out {
-    int nChannels, typeIntra, typeInter, sameChannels;
-    float bwIntra, bwInter;
+    int nChannels, pattern, crossNic, typeIntra, typeInter, sameChannels;
+    float bwIntra, bwInter, latencyInter;
     std::string channels; /* each channel's NETs and GPUs, in order */
     std::string why;      /* a channel whose NIC is not PIX-near its GPU */
 };
 
 static bool same_graph(const ng_graph_out &a, const ng_graph_out &b) {
-    return a.nChannels == b.nChannels && a.typeIntra == b.typeIntra && a.typeInter == b.typeInter &&
+    return a.nChannels == b.nChannels && a.pattern == b.pattern && a.crossNic == b.crossNic &&
+           a.typeIntra == b.typeIntra && a.typeInter == b.typeInter &&
            a.sameChannels == b.sameChannels && a.bwIntra == b.bwIntra && a.bwInter == b.bwInter &&
-           a.channels == b.channels;
+           a.latencyInter == b.latencyInter && a.channels == b.channels;
 }
 
 struct ng_rank_out {
@@ -379,6 +383,11 @@ static void search(ncclTopoSystem *s, int id, int pattern, ng_graph_out *o, nccl
         return;
     }
     o->nChannels = g.nChannels;
+    /* NCCL's own values after the search or the load: a graph file sets both, and the search
+     * may change the pattern it was asked for (BALANCED_TREE falls back to TREE). */
+    o->pattern = g.pattern;
+    o->crossNic = g.crossNic;
+    o->latencyInter = g.latencyInter;
     o->bwIntra = g.bwIntra;
     o->bwInter = g.bwInter;
     o->typeIntra = g.typeIntra;
@@ -396,17 +405,24 @@ static void search(ncclTopoSystem *s, int id, int pattern, ng_graph_out *o, nccl
     }
     if (s->nodes[NET].count == 0) return;
     for (int c = 0; c < g.nChannels && o->why.empty(); c++) {
-        /* The GPU that receives from the network, and the one that sends to it (rings: the last).
-         */
-        int first = g.intra[c * ngpus], last = g.intra[c * ngpus + ngpus - 1];
+        /* ncclTopoGetNetDev: the channel's first GPU uses inter[0], every other GPU with network
+         * traffic inter[1]. That other GPU follows the graph's own pattern (a loaded file's, not
+         * the one asked for): a ring's last; a balanced or split tree's second, which holds a
+         * child (connect.cc); a plain tree has none, and its first GPU is checked against both. */
+        int first = g.intra[c * ngpus], other = first;
+        if (g.pattern == NCCL_TOPO_PATTERN_RING)
+            other = g.intra[c * ngpus + ngpus - 1];
+        else if (g.pattern == NCCL_TOPO_PATTERN_BALANCED_TREE ||
+                 g.pattern == NCCL_TOPO_PATTERN_SPLIT_TREE)
+            other = g.intra[c * ngpus + 1];
         int tIn = net_path(s, first, g.inter[c * 2]);
-        int tOut =
-            net_path(s, pattern == NCCL_TOPO_PATTERN_RING ? last : first, g.inter[c * 2 + 1]);
+        int tOut = net_path(s, other, g.inter[c * 2 + 1]);
         if (tIn != PATH_PIX || tOut != PATH_PIX) {
             char b[160];
-            snprintf(b, sizeof(b), "channel %d: NET %ld from rank %d is %s, NET %ld is %s", c,
+            snprintf(b, sizeof(b),
+                     "channel %d: NET %ld from rank %d is %s, NET %ld from rank %d is %s", c,
                      (long)g.inter[c * 2], first, tIn >= 0 ? path_name(tIn) : "?",
-                     (long)g.inter[c * 2 + 1], tOut >= 0 ? path_name(tOut) : "?");
+                     (long)g.inter[c * 2 + 1], other, tOut >= 0 ? path_name(tOut) : "?");
             o->why = b;
         }
     }
@@ -543,9 +559,10 @@ static void fail(const char *fmt, ...) {
 }
 
 static void print_graph(const char *what, const ng_graph_out &g) {
-    printf("  %s: %d channels x %.1f/%.1f GB/s (intra/inter), typeIntra=%s typeInter=%s "
-           "samechannels=%d%s%s\n",
-           what, g.nChannels, g.bwIntra, g.bwInter, g.nChannels >= 0 ? path_name(g.typeIntra) : "-",
+    printf("  %s: pattern %d crossnic %d, %d channels x %.1f/%.1f GB/s (intra/inter), "
+           "latencyinter %.1f, typeIntra=%s typeInter=%s samechannels=%d%s%s\n",
+           what, g.pattern, g.crossNic, g.nChannels, g.bwIntra, g.bwInter, g.latencyInter,
+           g.nChannels >= 0 ? path_name(g.typeIntra) : "-",
            g.nChannels >= 0 ? path_name(g.typeInter) : "-", g.sameChannels,
            g.why.empty() ? "" : "; ", g.why.c_str());
 }
