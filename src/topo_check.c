@@ -365,8 +365,12 @@ int topo_check_node(const struct xml_node *root, const struct topo_node *node, s
 
 /* ---------- graphs ---------- */
 
-static const char *const path_types[] = {"LOC", "NVL", "NVB", "PIX", "PXB",
-                                         "P2C", "PXN", "PHB", "SYS"};
+/* The path types NCCL's graph loader knows in every release. P2C came with 2.27: older releases'
+ * kvConvertToInt turns an unknown name into 0 without a word, so 2.21 reads P2C as LOC (and a
+ * tuning check such as typeInter <= PXB then passes). The checker cannot know which NCCL will
+ * load the file, and P2C (PXN over a GPU's C2C link, Grace) never arises on these PCIe nodes,
+ * so it is refused for every release. */
+static const char *const path_types[] = {"LOC", "NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS"};
 
 static const struct xml_node *cpu_of(const struct xml_node *n) {
     while (n && strcmp(n->name, "cpu"))
@@ -476,7 +480,13 @@ static void check_graph(const struct xml_node *g, const struct xml_node **tgpus,
     static const char *const types[] = {"typeintra", "typeinter"};
     for (int i = 0; i < 2; i++) {
         const char *t = xml_get(g, types[i]);
-        if (t && !in_list(path_types, LIST_LEN(path_types), t))
+        if (t && !strcmp(t, "P2C"))
+            topo_err_add(e,
+                         "line %d: %s=\"P2C\": NCCL 2.26 and older have no P2C and read it as "
+                         "LOC; these PCIe nodes have no C2C path, use the type NCCL's own dump "
+                         "gives (PIX, PXB, PHB or SYS)",
+                         g->line, types[i]);
+        else if (t && !in_list(path_types, LIST_LEN(path_types), t))
             topo_err_add(e, "line %d: %s=\"%s\" is not a path type NCCL knows", g->line, types[i],
                          t);
     }

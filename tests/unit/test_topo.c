@@ -423,6 +423,10 @@ static void test_validate_graph_rejects(void **state) {
     expect_invalid_graph("<gpu dev=\"7\"/>", "<gpu dev=\"07\"/>", "must be one digit 0-9");
     expect_invalid_graph("pattern=\"4\"", "pattern=\"1\"", "the ring graph (id 0) needs pattern 4");
     expect_invalid_graph("typeintra=\"SYS\"", "typeintra=\"QPI\"", "not a path type NCCL knows");
+    /* NCCL 2.21 has no P2C: its loader reads the ring's PIX, so edited, as LOC. */
+    expect_invalid_graph("typeinter=\"PIX\"", "typeinter=\"P2C\"",
+                         "line 2: typeinter=\"P2C\": NCCL 2.26 and older have no P2C and read it "
+                         "as LOC");
     expect_invalid_graph("<graph id=\"1\"", "<graph id=\"0\"", "a second graph with id 0");
     expect_invalid_graph("<channel>", "<channel x=\"1\">", "NCCL does not read x= on <channel>");
     expect_invalid_graph("<graphs version=\"1\"", "<graphs version=\"2\"",
