@@ -104,7 +104,12 @@ out:
     return rc;
 }
 
-static void stop_threads(void);
+/* Our own threads: none may outlive the code of an unloaded plugin. */
+static void stop_threads(void) {
+    reap_drain();
+    stats_stop();
+    async_stop();
+}
 
 static void release_all(void) {
     erdma_connect_sweep(); /* abandoned connects hold QPs, CQs and MRs of the devices */
@@ -148,13 +153,6 @@ void erdma_object_closed(void) {
         release_all();
     }
     pthread_mutex_unlock(&init_lock);
-}
-
-/* Our own threads: none may outlive the code of an unloaded plugin. */
-static void stop_threads(void) {
-    reap_drain();
-    stats_stop();
-    async_stop();
 }
 
 /* At process exit, and when NCCL >= 2.26 dlclose()s the plugin without a finalize (v8-v10
@@ -205,15 +203,12 @@ int erdma_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) 
         return -EINVAL;
     }
     if (type == NCCL_PTR_CUDA && !(dev->ptr_support & NCCL_PTR_CUDA)) {
-        if (dev->dmabuf)
-            WARN("%s: regMr of GPU memory without peer memory (no nvidia_peermem): this device "
-                 "takes GPU memory only as a dma-buf (regMrDmaBuf); load nvidia_peermem or set "
-                 "NCCL_ERDMA_GDR=1 if peer memory is provided otherwise",
-                 dev->name);
-        else
-            WARN("%s: regMr of GPU memory but GPU Direct RDMA is off (no nvidia_peermem); load "
-                 "nvidia_peermem or set NCCL_ERDMA_GDR=1 if peer memory is provided otherwise",
-                 dev->name);
+        WARN("%s: regMr of GPU memory %s; load nvidia_peermem or set NCCL_ERDMA_GDR=1 if peer "
+             "memory is provided otherwise",
+             dev->name,
+             dev->dmabuf ? "without peer memory (no nvidia_peermem): this device takes GPU "
+                           "memory only as a dma-buf (regMrDmaBuf)"
+                         : "but GPU Direct RDMA is off (no nvidia_peermem)");
         return -EINVAL;
     }
     struct erdma_mr *m;

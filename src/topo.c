@@ -543,11 +543,13 @@ static void topo_dir_find(void) {
     char here[PATH_MAX], cand[PATH_MAX];
     if (!dladdr((void *)topo_dir_find, &info) || !info.dli_fname || !realpath(info.dli_fname, here))
         return;
-    for (int up = 0; up < 3; up++) { /* the object's directory, then 1 or 2 levels above it */
-        char *slash = strrchr(here, '/');
+    char *slash = strrchr(here, '/'); /* the object's directory */
+    if (!slash) return;
+    *slash = 0;
+    for (int up = 1; up <= 2; up++) { /* the prefix is 1 or 2 levels above it */
+        slash = strrchr(here, '/');
         if (!slash) return;
         *slash = 0;
-        if (up == 0) continue;
         if (snprintf(cand, sizeof(cand), "%s/share/nccl-net-erdma/topo", here) >= (int)sizeof(cand))
             return;
         if (access(cand, R_OK | X_OK) == 0) {

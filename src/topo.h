@@ -77,7 +77,7 @@ struct topo_plugin_view {
     int nnics;
     const char *names[TOPO_MAX_NICS]; /* in the plugin's order: a graph's <net dev> */
     bool gdr;                         /* every NIC reaches GPU memory: peer memory or dma-buf */
-    int net_version; /* the ncclNet version NCCL loaded; 8 means NCCL <= 2.21, 0 unknown */
+    int net_version; /* the ncclNet version NCCL loaded; 8 means NCCL <= 2.23, 0 unknown */
 };
 
 /* Where the shipped files are: NCCL_ERDMA_TOPO_DIR, else share/nccl-net-erdma/topo of the

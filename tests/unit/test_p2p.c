@@ -32,10 +32,15 @@ struct pair {
     struct recv_comm *rc;
 };
 
-static int setup_one(void **state) {
+/* One fake device, the environment given (NULL-terminated, or NULL). */
+static int start_one(const char *const *env) {
     unit_log_start();
-    assert_int_equal(fake_env_start(1, NULL, NULL), 1);
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
     return 0;
+}
+
+static int setup_one(void **state) {
+    return start_one(NULL);
 }
 
 static int teardown_env(void **state) {
@@ -607,9 +612,7 @@ static void flush_one(struct pair *p) {
 static int setup_split(void **state) {
     const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=3", "NCCL_IB_SPLIT_DATA_ON_QPS=1",
                          "NCCL_ERDMA_FORCE_FLUSH=1", NULL};
-    unit_log_start();
-    assert_int_equal(fake_env_start(1, NULL, env), 1);
-    return 0;
+    return start_one(env);
 }
 
 static void test_split_and_flush(void **state) {
@@ -642,9 +645,7 @@ static void test_dmabuf_device_flushes(void **state) {
 
 static int setup_gdr(void **state) {
     const char *env[] = {"NCCL_ERDMA_GDR=1", NULL};
-    unit_log_start();
-    assert_int_equal(fake_env_start(1, NULL, env), 1);
-    return 0;
+    return start_one(env);
 }
 
 /* Sends from GPU memory never go inline: the CPU copies an inline payload at post time, and
@@ -767,16 +768,12 @@ static void exchange_across(struct pair *p, uint32_t start) {
 
 static int setup_rr3(void **state) {
     const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=3", NULL};
-    unit_log_start();
-    assert_int_equal(fake_env_start(1, NULL, env), 1);
-    return 0;
+    return start_one(env);
 }
 
 static int setup_rr4(void **state) {
     const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=4", NULL};
-    unit_log_start();
-    assert_int_equal(fake_env_start(1, NULL, env), 1);
-    return 0;
+    return start_one(env);
 }
 
 /* control: the same exchange far from the wrap passes */
@@ -797,9 +794,7 @@ static void test_rr_seq_wrap(void **state) {
 
 static int setup_rr3_send(void **state) {
     const char *env[] = {"NCCL_IB_QPS_PER_CONNECTION=3", "NCCL_ERDMA_COMPLETION=send", NULL};
-    unit_log_start();
-    assert_int_equal(fake_env_start(1, NULL, env), 1);
-    return 0;
+    return start_one(env);
 }
 
 int main(void) {
