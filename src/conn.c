@@ -194,8 +194,9 @@ void conn_release(struct conn *c, void (*release)(struct conn *c)) {
 
 /* ------------------------------------------------------------ listen */
 int erdma_listen(int dev_index, void *handle, void **listen_comm) {
-    struct erdma_device *dev = device_get(dev_index);
     *listen_comm = NULL;
+    if (erdma_forked) return erdma_forked_refuse("listen");
+    struct erdma_device *dev = device_get(dev_index);
     if (!dev) {
         WARN("listen: device %d does not exist", dev_index);
         return -EINVAL;
@@ -496,8 +497,9 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
 }
 
 int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_comm) {
-    struct erdma_device *dev = device_get(dev_index);
     *send_comm = NULL;
+    if (erdma_forked) return erdma_forked_refuse("connect");
+    struct erdma_device *dev = device_get(dev_index);
     if (!dev) {
         WARN("connect: device %d does not exist", dev_index);
         return -EINVAL;
@@ -920,6 +922,7 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
 int erdma_accept(void *listen_comm, void **recv_comm) {
     struct listen_comm *lc = listen_comm;
     *recv_comm = NULL;
+    if (erdma_forked) return erdma_forked_refuse("accept");
     if (!lc || lc->base.kind != COMM_LISTEN) {
         WARN("accept: not a listen comm (%p)", listen_comm);
         return -EINVAL;
@@ -964,6 +967,7 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
 /* ------------------------------------------------------------ close */
 int erdma_close_listen(void *listen_comm) {
     struct listen_comm *lc = listen_comm;
+    if (erdma_forked) return erdma_forked_skip("closeListen");
     if (!lc) return 0;
     if (lc->base.kind != COMM_LISTEN) return -EINVAL;
     accept_state_free(lc->pending);
@@ -980,6 +984,7 @@ int erdma_close_listen(void *listen_comm) {
 
 int erdma_close_send(void *send_comm) {
     struct send_comm *sc = send_comm;
+    if (erdma_forked) return erdma_forked_skip("closeSend");
     if (!sc) return 0;
     if (sc->c.base.kind != COMM_SEND) return -EINVAL;
     p2p_prof_close(&sc->c); /* requests still in flight: their events end here */
@@ -991,6 +996,7 @@ int erdma_close_send(void *send_comm) {
 
 int erdma_close_recv(void *recv_comm) {
     struct recv_comm *rc = recv_comm;
+    if (erdma_forked) return erdma_forked_skip("closeRecv");
     if (!rc) return 0;
     if (rc->c.base.kind != COMM_RECV) return -EINVAL;
     p2p_prof_close(&rc->c); /* requests still in flight: their events end here */

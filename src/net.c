@@ -36,6 +36,42 @@ static pid_t init_pid;        /* the process whose init opened the devices */
 static int open_objects;      /* comms and registrations not closed yet (atomic) */
 static bool release_deferred; /* the last finalize came while some were open */
 
+/* ------------------------------------------------------------ fork */
+bool erdma_forked;
+
+/* Runs in the child only, single-threaded (no lock: a fork while another thread held
+ * init_lock leaves it locked for ever in the child). A child forked with no devices open
+ * and no init in force may init its own. */
+static void on_fork_child(void) {
+    if (init_refs > 0 || devices_count() > 0) erdma_forked = true;
+}
+
+__attribute__((constructor)) static void erdma_load(void) {
+    pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+int erdma_forked_refuse(const char *call) {
+    static bool said;
+    if (!__atomic_exchange_n(&said, true, __ATOMIC_RELAXED))
+        WARN("%s called in a process forked (pid %ld) from the one that opened the eRDMA devices "
+             "(pid %ld): the devices, queues and connections are the parent's, so the plugin "
+             "refuses every call here. Fix: initialise NCCL after the fork, in the worker "
+             "itself, or start workers with the spawn method (Python: "
+             "multiprocessing.set_start_method(\"spawn\"))",
+             call, (long)getpid(), (long)init_pid);
+    return -ENOTSUP;
+}
+
+int erdma_forked_skip(const char *call) {
+    static bool said;
+    if (!__atomic_exchange_n(&said, true, __ATOMIC_RELAXED))
+        INFO(NCCL_NET,
+             "%s in a forked child (pid %ld): nothing is closed, the devices and "
+             "connections stay the parent's (pid %ld)",
+             call, (long)getpid(), (long)init_pid);
+    return 0;
+}
+
 /* Names the devices for the counters and starts the stats file writer. */
 static void stats_begin_devices(void) {
     const char *names[ERDMA_MAX_DEVICES];
@@ -47,6 +83,10 @@ static void stats_begin_devices(void) {
 
 int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     int rc = 0;
+    if (erdma_forked) { /* before the lock: see on_fork_child */
+        erdma_log_set(logger);
+        return erdma_forked_refuse("init");
+    }
     pthread_mutex_lock(&init_lock);
     erdma_log_set(logger);
     if (prof) prof_set(prof); /* NCCL hands every context the same one */
@@ -122,6 +162,10 @@ static void release_all(void) {
 }
 
 void erdma_finalize(void) {
+    if (erdma_forked) { /* the parent's threads and devices: see on_fork_child */
+        erdma_forked_skip("finalize");
+        return;
+    }
     pthread_mutex_lock(&init_lock);
     if (init_refs > 0 && --init_refs == 0) {
         int open = __atomic_load_n(&open_objects, __ATOMIC_ACQUIRE);
@@ -162,7 +206,7 @@ __attribute__((destructor)) static void erdma_unload(void) {
      * pipe and verbs file descriptors are the parent's, and releasing through them would stop
      * the parent's thread and destroy the parent's resources. Checked before the lock: a fork
      * while another thread held it leaves it locked for ever in the child. */
-    if (getpid() != __atomic_load_n(&init_pid, __ATOMIC_ACQUIRE)) return;
+    if (erdma_forked || getpid() != __atomic_load_n(&init_pid, __ATOMIC_ACQUIRE)) return;
     pthread_mutex_lock(&init_lock);
     if (init_refs > 0 || release_deferred) {
         if (__atomic_load_n(&open_objects, __ATOMIC_ACQUIRE) > 0)
@@ -196,6 +240,7 @@ int erdma_get_properties(int dev, struct erdma_props *props) {
 }
 
 int erdma_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
+    if (erdma_forked) return erdma_forked_refuse("regMr");
     struct erdma_device *dev = comm_device(comm);
     if (!dev) return -EINVAL;
     if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
@@ -221,6 +266,7 @@ int erdma_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) 
 
 int erdma_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
                         void **mhandle) {
+    if (erdma_forked) return erdma_forked_refuse("regMrDmaBuf");
     struct erdma_device *dev = comm_device(comm);
     if (!dev) return -EINVAL;
     if (type == NCCL_PTR_HOST) return erdma_reg_mr(comm, data, size, type, mhandle);
@@ -233,6 +279,7 @@ int erdma_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t 
 }
 
 int erdma_dereg_mr(void *comm, void *mhandle) {
+    if (erdma_forked) return erdma_forked_skip("deregMr");
     if (!mhandle) return 0;
     mr_cache_put(mhandle);
     erdma_object_closed();

@@ -8,6 +8,7 @@
 
 #include "nccl_net_abi.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,14 @@ void erdma_finalize(void);
  * everything else the handles point into, until the last of them is closed. */
 void erdma_object_opened(void);
 void erdma_object_closed(void);
+/* True in a child forked while the devices were open. Its devices, queues, connections and
+ * sockets are the parent's: the kernel's objects, reached through inherited file descriptors
+ * and shared mappings. A call there would post on, poll, close or destroy the parent's. */
+extern bool erdma_forked;
+/* For calls in such a child: an API call is refused (-ENOTSUP, WARNed once, saying what to
+ * do); a close, deregistration or finalize is a no-op (0), its copies go with the child. */
+int erdma_forked_refuse(const char *call);
+int erdma_forked_skip(const char *call);
 int erdma_devices(int *ndev);
 int erdma_get_properties(int dev, struct erdma_props *props);
 

@@ -789,6 +789,7 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
                 void **request) {
     struct send_comm *sc = send_comm;
     *request = NULL;
+    if (erdma_forked) return erdma_forked_refuse("isend");
     if (!sc || sc->c.base.kind != COMM_SEND) {
         WARN("isend: not a send comm (%p)", send_comm);
         return -EINVAL;
@@ -863,6 +864,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
                 void **mhandles, void **phandles, void **request) {
     struct recv_comm *rc = recv_comm;
     *request = NULL;
+    if (erdma_forked) return erdma_forked_refuse("irecv");
     if (!rc || rc->c.base.kind != COMM_RECV) {
         WARN("irecv: not a recv comm (%p)", recv_comm);
         return -EINVAL;
@@ -917,6 +919,7 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
                  void **request) {
     struct recv_comm *rc = recv_comm;
     *request = NULL;
+    if (erdma_forked) return erdma_forked_refuse("iflush");
     if (!rc || rc->c.base.kind != COMM_RECV) return -EINVAL;
     if (!rc->flush_ready) return 0; /* nothing to flush: NCCL treats NULL as done */
     if (rc->c.error) return rc->c.error;
@@ -967,6 +970,7 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
 int erdma_test(void *request, int *done, int *sizes) {
     struct erdma_request *req = request;
     *done = 0;
+    if (erdma_forked) return erdma_forked_refuse("test");
     if (!req || req->type == REQ_FREE) {
         WARN("test: not a live request (%p)", request);
         return -EINVAL;

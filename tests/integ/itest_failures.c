@@ -1294,6 +1294,97 @@ static int forked_child_main(struct duo *d, void *arg) {
     return 0;
 }
 
+/* A child forked with comms open that calls the plugin (a worker that inherits the trainer's
+ * state, an atexit path that closes what it sees): its devices, queues and sockets are the
+ * parent's. Every call must be refused or be a no-op there, and the parent's connection,
+ * pending receive and async-event thread must be untouched. Returns only when a step failed. */
+static int forked_calls_child(struct netapi *n, void *lc, void *sc, void *rc, void *smh, void *rmh,
+                              void *rreq, uint8_t *sb) {
+    int done = 0;
+    void *req = (void *)1;
+    log_reset();
+    int t = net_test(n, rreq, &done, NULL);
+    fprintf(stderr, "child: test of the parent's receive: rc %d done %d\n", t, done);
+    CHECK(t != ncclSuccess && !done); /* it would poll the parent's completion queue */
+    int i = n->p.v12->isend(sc, sb, SMALL, 0, smh, NULL, &req);
+    fprintf(stderr, "child: isend: rc %d request %p\n%s", i, req, log_text());
+    CHECK(i != ncclSuccess && !req); /* it would post on the parent's QP */
+    CHECK(log_contains("forked") && log_contains("spawn"));
+    CHECK(net_deregmr(n, sc, smh) == 0);
+    CHECK(net_deregmr(n, rc, rmh) == 0);
+    CHECK(net_close_send(n, sc) == 0); /* would say goodbye on the parent's socket */
+    CHECK(net_close_recv(n, rc) == 0);
+    CHECK(net_close_listen(n, lc) == 0);
+    net_close(n); /* finalize: would stop the parent's thread and join one it lacks */
+    return 0;
+}
+
+static int forked_calls_main(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *lc, *sc = NULL, *rc = NULL;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, 12, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    double deadline = now_s() + TMO;
+    while ((!sc || !rc) && now_s() < deadline) {
+        if (!sc)
+            CHECK(n.p.v12->connect(n.ctx, n.dev, handle, &sc, &(ncclNetDeviceHandle_t *){NULL}) ==
+                  0);
+        if (!rc) CHECK(n.p.v12->accept(lc, &rc, &(ncclNetDeviceHandle_t *){NULL}) == 0);
+    }
+    CHECK(sc && rc);
+    uint8_t *sb = page_alloc(SMALL), *rb = page_alloc(SMALL);
+    void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data = rb;
+    size_t len = SMALL;
+    int tag = 0, got = -1;
+    CHECK(net_regmr(&n, sc, sb, SMALL, &smh) == 0);
+    CHECK(net_regmr(&n, rc, rb, SMALL, &rmh) == 0);
+    for (int m = 0; m < 2; m++) { /* one message before the fork, one after */
+        memset(rb, 0, SMALL);
+        CHECK(net_irecv(&n, rc, 1, &data, &len, &tag, &rmh, &rreq, TMO) == 0);
+        if (m == 1) {
+            int before = count_threads();
+            pid_t pid = fork();
+            CHECK(pid >= 0);
+            if (pid == 0) exit(forked_calls_child(&n, lc, sc, rc, smh, rmh, rreq, sb) ? 3 : 0);
+            int status = 0;
+            pid_t w = 0;
+            for (double end = now_s() + 10; !w && now_s() < end; usleep(10000))
+                w = waitpid(pid, &status, WNOHANG);
+            if (!w) { /* the child hangs (joining a thread it does not have) */
+                kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+            }
+            fprintf(stderr, "child: %s %d\n",
+                    WIFSIGNALED(status) ? "killed by signal" : "exit status",
+                    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+            CHECK(w == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            usleep(200000);
+            int after = count_threads();
+            fprintf(stderr, "threads before the child: %d, after it exited: %d\n", before, after);
+            CHECK(after == before); /* the async-event thread is still there */
+        }
+        pattern_fill(sb, 700 + m, 11 + m);
+        CHECK(net_isend(&n, sc, sb, 700 + m, 0, smh, &sreq, TMO) == 0);
+        CHECK(net_wait(&n, sreq, NULL, TMO) == 0);
+        CHECK(net_wait(&n, rreq, &got, TMO) == 0);
+        CHECK(got == 700 + m && pattern_check(rb, 700 + m, 11 + m) < 0);
+    }
+    CHECK(net_deregmr(&n, sc, smh) == 0);
+    CHECK(net_deregmr(&n, rc, rmh) == 0);
+    CHECK(net_close_send(&n, sc) == 0);
+    CHECK(net_close_recv(&n, rc) == 0);
+    CHECK(net_close_listen(&n, lc) == 0);
+    free(sb);
+    free(rb);
+    figure(
+        "forked child's calls on %s: refused or no-ops; the parent's comms and thread unaffected",
+        c->dev);
+    net_close(&n);
+    return 0;
+}
+
 /* ------------------------------------------------------------ scenario: exit, data path busy
  * A process that exits with its comms open and no finalize (ncclNet v8-v10 have none; scripts
  * often exit without destroying their communicators) while NCCL's proxy thread still tests a
@@ -2331,6 +2422,7 @@ static const struct scenario scenarios[] = {
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
     {"hygiene/forked_child_exits", RUN_SOLO, forked_child_main, NULL, NULL},
+    {"hygiene/forked_child_calls", RUN_SOLO, forked_calls_main, NULL, NULL},
     {"hygiene/exit_while_testing", RUN_SOLO, exit_busy_main, NULL, NULL},
     {"hygiene/abandoned_connect", RUN_SOLO, abandoned_main, NULL, NULL},
     {"hygiene/finalize_before_close", RUN_SOLO, finalize_open_main, NULL, NULL},

@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -797,9 +799,78 @@ static int setup_rr3_send(void **state) {
     return start_one(env);
 }
 
+/* ---- a child forked with comms open ---- */
+
+/* In the child: every call is refused or is a no-op, since its devices, queues and sockets are
+ * the parent's (net.h, erdma_forked). Returns which check failed, 0 when none did. */
+static int forked_child_calls(struct pair *p, char *src, char *dst, void *smh, void *rmh,
+                              void *rreq) {
+    void *req = (void *)1, *lc = (void *)1, *comm = (void *)1, *mh = (void *)1;
+    int done = 1, tags[1] = {6};
+    void *data[1] = {dst}, *mhs[1] = {rmh};
+    size_t sizes[1] = {64};
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    if (erdma_isend(p->sc, src, 8, 5, smh, NULL, &req) != -ENOTSUP || req) return 1;
+    if (erdma_test(rreq, &done, NULL) != -ENOTSUP || done) return 2;
+    if (erdma_irecv(p->rc, 1, data, sizes, tags, mhs, NULL, &req) != -ENOTSUP || req) return 3;
+    if (erdma_listen(0, handle, &lc) != -ENOTSUP || lc) return 4;
+    if (erdma_connect(0, -1, handle, &comm) != -ENOTSUP || comm) return 5;
+    if (erdma_reg_mr(p->sc, src, 64, NCCL_PTR_HOST, &mh) != -ENOTSUP) return 6;
+    if (erdma_dereg_mr(p->sc, smh) || erdma_close_send(p->sc) || erdma_close_recv(p->rc)) return 7;
+    if (p->sc->c.base.kind != COMM_SEND || p->rc->c.base.kind != COMM_RECV)
+        return 8;     /* not freed */
+    erdma_finalize(); /* would stop the parent's threads, and join ones this child lacks */
+    if (erdma_init(NULL, NULL) != -ENOTSUP) return 9;
+    if (!UNIT_LOG_HAS(NCCL_LOG_WARN, "isend", "forked", "spawn")) return 10;
+    return 0;
+}
+
+static void test_forked_child_leaves_parent_alone(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    char *src = malloc(64), *dst = calloc(1, 64);
+    memset(src, 0x5a, 64);
+    void *smh = reg(p.sc, src, 64), *rmh = reg(p.rc, dst, 64);
+    void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL, *sreq = NULL;
+    size_t sizes[1] = {64};
+    int tags[1] = {5};
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+    assert_non_null(rreq);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(forked_child_calls(&p, src, dst, smh, rmh, rreq));
+    int status = 0;
+    pid_t w = 0;
+    for (int i = 0; i < 1000 && !w; i++, usleep(10000)) /* 10 s */
+        w = waitpid(pid, &status, WNOHANG);
+    if (!w) { /* hung */
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    assert_int_equal(w, pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* the parent's receive, posted before the fork, still completes */
+    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
+        assert_int_equal(erdma_isend(p.sc, src, 64, 5, smh, NULL, &sreq), 0);
+    assert_non_null(sreq);
+    int got[1] = {-1};
+    assert_int_equal(wait_req(sreq, NULL), 1);
+    assert_int_equal(wait_req(rreq, got), 1);
+    assert_int_equal(got[0], 64);
+    assert_memory_equal(src, dst, 64);
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    free(src);
+    free(dst);
+    close_pair(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_forked_child_leaves_parent_alone, setup_one,
+                                        teardown_env),
         cmocka_unit_test_setup_teardown(test_receives_posted_again, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_lowers_nreqs, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_raises_nreqs, setup_one, teardown_env),
