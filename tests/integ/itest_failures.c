@@ -1238,38 +1238,52 @@ static int count_threads(void) {
     return n;
 }
 
+/* A v12 connection of the process to itself: listen, then connect and accept in turn. */
+static int connect_to_self(struct netapi *n, void **lc, void **sc, void **rc) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    *sc = *rc = NULL;
+    CHECK(net_listen(n, handle, lc) == 0);
+    double deadline = now_s() + TMO;
+    while ((!*sc || !*rc) && now_s() < deadline) {
+        if (!*sc)
+            CHECK(n->p.v12->connect(n->ctx, n->dev, handle, sc, &(ncclNetDeviceHandle_t *){NULL}) ==
+                  0);
+        if (!*rc) CHECK(n->p.v12->accept(*lc, rc, &(ncclNetDeviceHandle_t *){NULL}) == 0);
+    }
+    CHECK(*sc && *rc);
+    return 0;
+}
+
+/* Waits up to 10 s for a forked child; one that hangs (joining a thread it does not have) is
+ * killed. Returns waitpid's answer: 0 when it had to be killed. */
+static pid_t wait_child(pid_t pid, int *status) {
+    pid_t w = 0;
+    for (double end = now_s() + 10; !w && now_s() < end; usleep(10000))
+        w = waitpid(pid, status, WNOHANG);
+    if (!w) {
+        kill(pid, SIGKILL);
+        waitpid(pid, status, 0);
+    }
+    return w;
+}
+
 static int forked_child_main(struct duo *d, void *arg) {
     const struct cfg *c = arg;
     struct netapi n;
     void *lc, *sc = NULL, *rc = NULL;
-    char handle[NCCL_NET_HANDLE_MAXSIZE];
     CHECK(net_open(&n, c->version, c->dev) == 0);
     int before = count_threads();
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) exit(0); /* runs the destructors, as a child that returns from main does */
     int status = 0;
-    pid_t w = 0;
-    for (double end = now_s() + 10; !w && now_s() < end; usleep(10000))
-        w = waitpid(pid, &status, WNOHANG);
-    if (!w) { /* its exit hangs (joining a thread it does not have) */
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-    }
+    pid_t w = wait_child(pid, &status);
     CHECK(w == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
     usleep(200000);
     int after = count_threads();
     fprintf(stderr, "threads before the child: %d, after it exited: %d\n", before, after);
     CHECK(after == before); /* the async-event thread is still there */
-    CHECK(net_listen(&n, handle, &lc) == 0);
-    double deadline = now_s() + TMO;
-    while ((!sc || !rc) && now_s() < deadline) {
-        if (!sc)
-            CHECK(n.p.v12->connect(n.ctx, n.dev, handle, &sc, &(ncclNetDeviceHandle_t *){NULL}) ==
-                  0);
-        if (!rc) CHECK(n.p.v12->accept(lc, &rc, &(ncclNetDeviceHandle_t *){NULL}) == 0);
-    }
-    CHECK(sc && rc);
+    CHECK(connect_to_self(&n, &lc, &sc, &rc) == 0);
     uint8_t *sb = page_alloc(SMALL), *rb = page_alloc(SMALL);
     void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data = rb;
     size_t len = SMALL;
@@ -1323,17 +1337,8 @@ static int forked_calls_main(struct duo *d, void *arg) {
     const struct cfg *c = arg;
     struct netapi n;
     void *lc, *sc = NULL, *rc = NULL;
-    char handle[NCCL_NET_HANDLE_MAXSIZE];
     CHECK(net_open(&n, 12, c->dev) == 0);
-    CHECK(net_listen(&n, handle, &lc) == 0);
-    double deadline = now_s() + TMO;
-    while ((!sc || !rc) && now_s() < deadline) {
-        if (!sc)
-            CHECK(n.p.v12->connect(n.ctx, n.dev, handle, &sc, &(ncclNetDeviceHandle_t *){NULL}) ==
-                  0);
-        if (!rc) CHECK(n.p.v12->accept(lc, &rc, &(ncclNetDeviceHandle_t *){NULL}) == 0);
-    }
-    CHECK(sc && rc);
+    CHECK(connect_to_self(&n, &lc, &sc, &rc) == 0);
     uint8_t *sb = page_alloc(SMALL), *rb = page_alloc(SMALL);
     void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data = rb;
     size_t len = SMALL;
@@ -1349,13 +1354,7 @@ static int forked_calls_main(struct duo *d, void *arg) {
             CHECK(pid >= 0);
             if (pid == 0) exit(forked_calls_child(&n, lc, sc, rc, smh, rmh, rreq, sb) ? 3 : 0);
             int status = 0;
-            pid_t w = 0;
-            for (double end = now_s() + 10; !w && now_s() < end; usleep(10000))
-                w = waitpid(pid, &status, WNOHANG);
-            if (!w) { /* the child hangs (joining a thread it does not have) */
-                kill(pid, SIGKILL);
-                waitpid(pid, &status, 0);
-            }
+            pid_t w = wait_child(pid, &status);
             fprintf(stderr, "child: %s %d\n",
                     WIFSIGNALED(status) ? "killed by signal" : "exit status",
                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
