@@ -1611,7 +1611,11 @@ static int raw_connect(struct raw_cm *r, const struct sockaddr_in *src,
     CHECK(vb.cm_resolve_route(r->id, 2000) == 0);
     CHECK(raw_event(r, 5000) == RDMA_CM_EVENT_ROUTE_RESOLVED);
     CHECK(vb.cm_create_qp(r->id, NULL, &qa) == 0);
-    CHECK(vb.cm_connect(r->id, &cp) == 0);
+    if (vb.cm_connect(r->id, &cp)) { /* seen once in ~3 full suites on siw0, never alone */
+        fprintf(stderr, "raw rdma_cm client: rdma_connect failed: %s (port %u)\n", strerror(errno),
+                ntohs(vb.cm_get_src_port(r->id)));
+        return -1;
+    }
     return 0;
 }
 
