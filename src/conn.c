@@ -898,14 +898,16 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
         /* fall through */
     case AS_WARMUP:
         /* After its ready message the sender waits, silent, for our confirmation: an end on
-         * the socket is a sender that died or gave up, whose missing warm-ups never come. */
-        if (oob_peer_hung_up(as->rc->c.fd)) {
+         * the socket is a sender that died or gave up, whose missing warm-ups never come. A
+         * killed sender's rdma_cm disconnect races its socket's end, and the data path's health
+         * check may see it first (-ECONNRESET): either way the user is told the same thing. */
+        rc = oob_peer_hung_up(as->rc->c.fd) ? -ECONNRESET : p2p_recv_warmup_done(as->rc);
+        if (rc == -ECONNRESET) {
             WARN("%s: %s closed the connection after its ready message, before its warm-up "
                  "SENDs arrived: its process exited or it gave up (its log says why)",
                  dev->name, as->peer);
-            return -ECONNRESET;
+            return rc;
         }
-        rc = p2p_recv_warmup_done(as->rc);
         if (rc <= 0) return rc;
         memset(&as->msg, 0, sizeof(as->msg));
         as->msg.nonce = lc->nonce;

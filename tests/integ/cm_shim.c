@@ -8,15 +8,20 @@
  * rdma_cm handshake. CM_SHIM_DIE_IN=warmup_repeat makes it lose its zero-length SENDs (the
  * sender's warm-ups) and die at the second, the repeat a sender posts once its ready message
  * is out and its receiver has not confirmed: a receiver then waits for warm-ups that never
- * come, from a sender that is gone.
+ * come, from a sender that is gone. CM_SHIM_DIE_IN=warmup_disconnect loses them the same way
+ * but, at the second, disconnects its rdma_cm ids and hangs with its socket open: the
+ * receiver sees the rdma_cm disconnect first, as it now and then does when a killed sender's
+ * DREQ overtakes its socket's end.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <signal.h>
 #include <rdma/rdma_cma.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef void (*cm_shim_listen_hook)(struct rdma_cm_id *id, int backlog, void *arg);
 static cm_shim_listen_hook hook;
@@ -81,10 +86,25 @@ FORWARD(void, rdma_free_devices, (struct ibv_context * *list), (list))
 /* The plugin posts through ibv_post_send, which calls the QP's context's post_send. */
 static int (*real_post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 
+static struct rdma_cm_id *qp_ids[16]; /* the ids rdma_create_qp gave a QP, to disconnect */
+static int nqp_ids;
+
+static void disconnect_and_hang(void) {
+    int (*disconnect)(struct rdma_cm_id *) = (int (*)(struct rdma_cm_id *))real("rdma_disconnect");
+    for (int i = 0; i < nqp_ids; i++)
+        if (disconnect(qp_ids[i]))
+            fprintf(stderr, "cm_shim: rdma_disconnect failed: %s\n", strerror(errno));
+    for (;;)
+        pause(); /* the test kills us */
+}
+
 static int lossy_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
     static int lost;
     if (wr && !wr->next && wr->opcode == IBV_WR_SEND && wr->num_sge == 0) { /* a warm-up */
-        if (++lost == 2) raise(SIGKILL);
+        if (++lost == 2) {
+            if (!strcmp(getenv("CM_SHIM_DIE_IN"), "warmup_disconnect")) disconnect_and_hang();
+            raise(SIGKILL);
+        }
         return 0;
     }
     return real_post_send(qp, wr, bad);
@@ -96,10 +116,12 @@ int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_
     if (!f) *(void **)&f = real("rdma_create_qp");
     int ret = f(id, pd, a);
     const char *at = getenv("CM_SHIM_DIE_IN");
-    if (ret == 0 && at && !strcmp(at, "warmup_repeat") &&
-        id->qp->context->ops.post_send != lossy_post_send) {
-        real_post_send = id->qp->context->ops.post_send;
-        id->qp->context->ops.post_send = lossy_post_send;
+    if (ret == 0 && at && (!strcmp(at, "warmup_repeat") || !strcmp(at, "warmup_disconnect"))) {
+        if (nqp_ids < (int)(sizeof(qp_ids) / sizeof(qp_ids[0]))) qp_ids[nqp_ids++] = id;
+        if (id->qp->context->ops.post_send != lossy_post_send) {
+            real_post_send = id->qp->context->ops.post_send;
+            id->qp->context->ops.post_send = lossy_post_send;
+        }
     }
     return ret;
 }

@@ -421,6 +421,20 @@ static int cm_death_warmup_victim(struct duo *d, void *arg) {
     return cm_sender_dies_in(d, arg, "warmup_repeat"); /* at the warm-up's repeat */
 }
 
+/* The same wait, ended by the sender's rdma_cm disconnect while its socket stays open: the
+ * path a killed sender takes when its DREQ overtakes its socket's end. The user is told the
+ * same thing either way. */
+static int cm_disconnect_warmup_survivor(struct duo *d, void *arg) {
+    CHECK(cm_sender_death_seen(d, arg, "sender disconnected before its warm-ups arrived",
+                               "closed the connection after its ready message") == 0);
+    CHECK(log_contains("rdma_cm reports")); /* the disconnect, not the socket, was seen */
+    return 0;
+}
+
+static int cm_disconnect_warmup_victim(struct duo *d, void *arg) {
+    return cm_sender_dies_in(d, arg, "warmup_disconnect"); /* hangs; the runner kills it */
+}
+
 /* The receiver dies as it accepts the sender's rdma_cm request. */
 static int cm_death_receiver_survivor(struct duo *d, void *arg) {
     const struct cfg *c = arg;
@@ -2399,6 +2413,8 @@ static const struct scenario scenarios[] = {
      cm_death_sender_victim, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_CONNECT_TIMEOUT=60"},
     {"death/sender_killed_before_warmups_arrived", RUN_KILL, cm_death_warmup_survivor,
      cm_death_warmup_victim, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_CONNECT_TIMEOUT=60"},
+    {"death/sender_disconnected_before_warmups_arrived", RUN_KILL, cm_disconnect_warmup_survivor,
+     cm_disconnect_warmup_victim, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_CONNECT_TIMEOUT=60"},
     {"death/receiver_killed_in_rdmacm_handshake", RUN_KILL, cm_death_receiver_survivor,
      cm_death_receiver_victim, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_CONNECT_TIMEOUT=60"},
     {"startup/connect_before_listener", RUN_DUO, late_listener_recv, late_listener_send, NULL},
