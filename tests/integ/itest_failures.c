@@ -1602,8 +1602,8 @@ static void raw_close(struct raw_cm *r) {
 }
 
 /* Sends a connect request from src (NULL: any) to dst carrying priv; 0 once it is sent. */
-static int raw_connect(struct raw_cm *r, const struct sockaddr_in *src,
-                       const struct sockaddr_in *dst, const void *priv, uint8_t len) {
+static int raw_connect_once(struct raw_cm *r, const struct sockaddr_in *src,
+                            const struct sockaddr_in *dst, const void *priv, uint8_t len) {
     struct ibv_qp_init_attr qa = {
         .qp_type = IBV_QPT_RC,
         .cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
@@ -1625,12 +1625,28 @@ static int raw_connect(struct raw_cm *r, const struct sockaddr_in *src,
     CHECK(vb.cm_resolve_route(r->id, 2000) == 0);
     CHECK(raw_event(r, 5000) == RDMA_CM_EVENT_ROUTE_RESOLVED);
     CHECK(vb.cm_create_qp(r->id, NULL, &qa) == 0);
-    if (vb.cm_connect(r->id, &cp)) { /* seen once in ~3 full suites on siw0, never alone */
-        fprintf(stderr, "raw rdma_cm client: rdma_connect failed: %s (port %u)\n", strerror(errno),
+    if (vb.cm_connect(r->id, &cp)) {
+        int err = errno;
+        fprintf(stderr, "raw rdma_cm client: rdma_connect failed: %s (port %u)\n", strerror(err),
                 ntohs(vb.cm_get_src_port(r->id)));
-        return -1;
+        return err == EADDRINUSE ? -EADDRINUSE : -1;
     }
     return 0;
+}
+
+/* On siw, rdma_cm picks the source port without asking TCP and siw's kernel socket then binds
+ * it: a port some TCP socket holds fails rdma_connect with EADDRINUSE (one full suite in ~3,
+ * with hundreds of the plugin's sockets about). The plugin takes a new id for it (cm.c); so
+ * does this client, as any rdma_cm client must on siw. Any other failure fails the case. */
+static int raw_connect(struct raw_cm *r, const struct sockaddr_in *src,
+                       const struct sockaddr_in *dst, const void *priv, uint8_t len) {
+    int rc = -1;
+    for (int attempt = 0; attempt < 4; attempt++) {
+        rc = raw_connect_once(r, src, dst, priv, len);
+        if (rc != -EADDRINUSE) break;
+        raw_close(r);
+    }
+    return rc == 0 ? 0 : -1;
 }
 
 /* rdma_cm ids in `rdma res show cm_id` whose line holds every given string. */
