@@ -1268,17 +1268,36 @@ static int connect_to_self(struct netapi *n, void **lc, void **sc, void **rc) {
     return 0;
 }
 
-/* Waits up to 10 s for a forked child; one that hangs (joining a thread it does not have) is
- * killed. Returns waitpid's answer: 0 when it had to be killed. */
-static pid_t wait_child(pid_t pid, int *status) {
+/* Undoes connect_to_self and the two registrations on it. */
+static int release_self(struct netapi *n, void *lc, void *sc, void *rc, void *smh, void *rmh) {
+    CHECK(net_deregmr(n, sc, smh) == 0);
+    CHECK(net_deregmr(n, rc, rmh) == 0);
+    CHECK(net_close_send(n, sc) == 0);
+    CHECK(net_close_recv(n, rc) == 0);
+    CHECK(net_close_listen(n, lc) == 0);
+    return 0;
+}
+
+/* Waits up to 10 s for a forked child, which must exit 0; one that hangs (joining a thread it
+ * does not have) is killed. The parent must still have its `before` threads afterwards (the
+ * async-event thread among them). */
+static int child_exited_cleanly(pid_t pid, int before) {
     pid_t w = 0;
+    int status = 0;
     for (double end = now_s() + 10; !w && now_s() < end; usleep(10000))
-        w = waitpid(pid, status, WNOHANG);
+        w = waitpid(pid, &status, WNOHANG);
     if (!w) {
         kill(pid, SIGKILL);
-        waitpid(pid, status, 0);
+        waitpid(pid, &status, 0);
     }
-    return w;
+    fprintf(stderr, "child: %s %d\n", WIFSIGNALED(status) ? "killed by signal" : "exit status",
+            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    CHECK(w == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    usleep(200000);
+    int after = count_threads();
+    fprintf(stderr, "threads before the child: %d, after it exited: %d\n", before, after);
+    CHECK(after == before);
+    return 0;
 }
 
 static int forked_child_main(struct duo *d, void *arg) {
@@ -1290,13 +1309,7 @@ static int forked_child_main(struct duo *d, void *arg) {
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) exit(0); /* runs the destructors, as a child that returns from main does */
-    int status = 0;
-    pid_t w = wait_child(pid, &status);
-    CHECK(w == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    usleep(200000);
-    int after = count_threads();
-    fprintf(stderr, "threads before the child: %d, after it exited: %d\n", before, after);
-    CHECK(after == before); /* the async-event thread is still there */
+    CHECK(child_exited_cleanly(pid, before) == 0);
     CHECK(connect_to_self(&n, &lc, &sc, &rc) == 0);
     uint8_t *sb = page_alloc(SMALL), *rb = page_alloc(SMALL);
     void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data = rb;
@@ -1310,11 +1323,7 @@ static int forked_child_main(struct duo *d, void *arg) {
     CHECK(net_wait(&n, sreq, NULL, TMO) == 0);
     CHECK(net_wait(&n, rreq, &got, TMO) == 0);
     CHECK(got == 555 && pattern_check(rb, 555, 9) < 0);
-    CHECK(net_deregmr(&n, sc, smh) == 0);
-    CHECK(net_deregmr(&n, rc, rmh) == 0);
-    CHECK(net_close_send(&n, sc) == 0);
-    CHECK(net_close_recv(&n, rc) == 0);
-    CHECK(net_close_listen(&n, lc) == 0);
+    CHECK(release_self(&n, lc, sc, rc, smh, rmh) == 0);
     free(sb);
     free(rb);
     figure("forked child exited on %s: parent's async thread and device unaffected", c->dev);
@@ -1338,11 +1347,8 @@ static int forked_calls_child(struct netapi *n, void *lc, void *sc, void *rc, vo
     fprintf(stderr, "child: isend: rc %d request %p\n%s", i, req, log_text());
     CHECK(i != ncclSuccess && !req); /* it would post on the parent's QP */
     CHECK(log_contains("forked") && log_contains("spawn"));
-    CHECK(net_deregmr(n, sc, smh) == 0);
-    CHECK(net_deregmr(n, rc, rmh) == 0);
-    CHECK(net_close_send(n, sc) == 0); /* would say goodbye on the parent's socket */
-    CHECK(net_close_recv(n, rc) == 0);
-    CHECK(net_close_listen(n, lc) == 0);
+    /* the closes would say goodbye on the parent's sockets */
+    CHECK(release_self(n, lc, sc, rc, smh, rmh) == 0);
     net_close(n); /* finalize: would stop the parent's thread and join one it lacks */
     return 0;
 }
@@ -1367,16 +1373,7 @@ static int forked_calls_main(struct duo *d, void *arg) {
             pid_t pid = fork();
             CHECK(pid >= 0);
             if (pid == 0) exit(forked_calls_child(&n, lc, sc, rc, smh, rmh, rreq, sb) ? 3 : 0);
-            int status = 0;
-            pid_t w = wait_child(pid, &status);
-            fprintf(stderr, "child: %s %d\n",
-                    WIFSIGNALED(status) ? "killed by signal" : "exit status",
-                    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
-            CHECK(w == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-            usleep(200000);
-            int after = count_threads();
-            fprintf(stderr, "threads before the child: %d, after it exited: %d\n", before, after);
-            CHECK(after == before); /* the async-event thread is still there */
+            CHECK(child_exited_cleanly(pid, before) == 0);
         }
         pattern_fill(sb, 700 + m, 11 + m);
         CHECK(net_isend(&n, sc, sb, 700 + m, 0, smh, &sreq, TMO) == 0);
@@ -1384,11 +1381,7 @@ static int forked_calls_main(struct duo *d, void *arg) {
         CHECK(net_wait(&n, rreq, &got, TMO) == 0);
         CHECK(got == 700 + m && pattern_check(rb, 700 + m, 11 + m) < 0);
     }
-    CHECK(net_deregmr(&n, sc, smh) == 0);
-    CHECK(net_deregmr(&n, rc, rmh) == 0);
-    CHECK(net_close_send(&n, sc) == 0);
-    CHECK(net_close_recv(&n, rc) == 0);
-    CHECK(net_close_listen(&n, lc) == 0);
+    CHECK(release_self(&n, lc, sc, rc, smh, rmh) == 0);
     free(sb);
     free(rb);
     figure(
