@@ -292,7 +292,7 @@ lat_table() {
     lf=$(median ${LATFS[$b]:-})
     echo "| $(human "$b") | ${lp:-FAILED} | ${lf:--} | ${lx:-FAILED} | $(ratio "$lx" "$lp") | $(ratio_range "${LATXS[$b]:-}" "${LATPS[$b]:-}") | $(ratio "$lf" "$lp") | $(ratio "$lx" "$lf") | $(ratio_range "${LATXS[$b]:-}" "${LATFS[$b]:-}") |"
   done
-  if has_floor "$dev"; then typical_table; fi
+  if has_floor "$dev"; then typical_table "$dev"; fi
   if has_floor "$dev" && [ "$FLOOR_MODE" = netib ]; then
     echo
     echo "floor: \`verbs_floor -m netib -D $LAT_DEPTH\`, net_ib's algorithm in raw verbs: write-with-immediate" \
@@ -314,9 +314,9 @@ lat_table() {
 # emulation a few round trips in a run take milliseconds (the VM's, floor and plugin alike),
 # and in a mean of 1,000 they weigh as much as the protocols' difference.
 typical_table() {
-  local s b tf tx
+  local dev=$1 s b tf tx
   echo
-  echo "t_typical (median round trip / 2) of the same runs, us, median of rounds:"
+  echo "### $dev: latency by t_typical (median round trip / 2), us, the same runs, median of $LAT_ROUNDS rounds"
   echo
   echo "| size | floor | plugin | plugin / floor | per-round plugin / floor |"
   echo "| ---: | ---: | ---: | ---: | ---: |"

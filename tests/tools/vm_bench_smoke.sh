@@ -75,7 +75,8 @@ fi
 
 # The main job's own script, in miniature (one size, one round per mode, both devices): it
 # runs the plugin size by size between perftest and the floor and builds the tables from
-# the pieces; every plugin cell (and rxe0's floor cells) must hold a number. perftest's own
+# the pieces; every plugin cell (and rxe0's floor cells) must hold a number: bandwidth and
+# latency on both devices, and rxe0's latency by t_typical. perftest's own
 # cells are not judged: under emulation it fails now and then, and the script says so.
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "$(dirname "$BENCH")/.." && pwd)
@@ -83,15 +84,16 @@ out=$(cd "$REPO" && BUILD_DIR=$BUILD BW_SIZES=64K LAT_SIZES=8 BW_ROUNDS=1 LAT_RO
   BW_BYTES=1M LAT_ITERS=200 FLOOR_MODE=netib timeout 240 bench/run-vm-bench.sh --inside rxe0 siw0 2>&1)
 rc=$?
 rows=$(echo "$out" | awk -F'|' '
-  /^### / {dev = $0; sub(/^### /, "", dev); sub(/:.*/, "", dev); kind = ($0 ~ /bandwidth/) ? "bw" : "lat"}
+  /^### / {dev = $0; sub(/^### /, "", dev); sub(/:.*/, "", dev)
+           kind = ($0 ~ /bandwidth/) ? "bw" : ($0 ~ /t_typical/) ? "typical" : "lat"}
   /^\| [0-9]/ {
-    plugin = (kind == "bw" && dev == "siw0") ? $4 : $5   # siw0 has no bandwidth floor column
-    floor = (kind == "bw" && dev == "siw0") ? "" : $4
+    plugin = (kind == "bw" && dev == "siw0") ? $4 : (kind == "typical") ? $4 : $5   # siw0 has no bandwidth floor column
+    floor = (kind == "bw" && dev == "siw0") ? "" : (kind == "typical") ? $3 : $4
     gsub(/ /, "", plugin); gsub(/ /, "", floor)
     ok = plugin ~ /^[0-9.]+$/ && plugin > 0 && (dev != "rxe0" || floor ~ /^[0-9.]+$/)
     print dev, kind, ok ? "ok" : "bad(plugin=" plugin ",floor=" floor ")"
   }')
-if [ $rc = 0 ] && [ "$(echo "$rows" | grep -c ' ok$')" = 4 ] && ! echo "$rows" | grep -q bad; then
+if [ $rc = 0 ] && [ "$(echo "$rows" | grep -c ' ok$')" = 5 ] && ! echo "$rows" | grep -q bad; then
   echo "PASS run-vm-bench.sh in miniature on rxe0 and siw0 ($(echo "$rows" | tr '\n' ';'))"
 else
   echo "FAIL run-vm-bench.sh in miniature (exit $rc): $(echo "$rows" | tr '\n' ';')"
