@@ -341,13 +341,16 @@ int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t no
 
 /* ------------------------------------------------------------ flush loopback */
 /* The loopback listener is bound to the device's address, reachable from the network while it
- * is set up: only one request, from our own address, is taken; anything else is rejected and
- * its id destroyed. */
+ * is set up: only one request is taken, from our own address and from the port our active id
+ * holds (any other process on this host shares the address; rdma_cm gave that port to our id
+ * alone, at rdma_resolve_addr, before any request of ours left). Anything else is rejected
+ * and its id destroyed. */
 static bool flush_request_is_ours(struct recv_comm *rc, struct rdma_cm_event *ev) {
     const struct sockaddr_in *from = (const struct sockaddr_in *)&ev->id->route.addr.dst_addr;
     const struct erdma_device *dev = rc->c.base.dev;
     return !rc->flush_peer.qp && from->sin_family == AF_INET &&
-           from->sin_addr.s_addr == dev->ip.sin_addr.s_addr;
+           from->sin_addr.s_addr == dev->ip.sin_addr.s_addr && rc->flush_qp.cm_id &&
+           from->sin_port == vb.cm_get_src_port(rc->flush_qp.cm_id);
 }
 
 static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, struct rdma_cm_id **drop) {

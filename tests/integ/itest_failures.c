@@ -1840,8 +1840,9 @@ static int flush_listener_send(struct duo *d, void *arg) {
 /* A stranger's request reaching the flush listener while the loopback is being set up: the
  * receiver loads librdmacm through tests/integ/cm_shim.c, whose rdma_listen hook sends, the
  * moment the flush listener is up, a connect request from a second address of this host
- * (added for the case) and waits until it is queued on the plugin's channel. The plugin must
- * refuse it by its address, still connect its own loopback, and flush. */
+ * (added for the case), or from the device's own address as another process on this host
+ * would, and waits until it is queued on the plugin's channel. The plugin must refuse it (by
+ * its address, or by its port), still connect its own loopback, and flush. */
 struct stranger {
     int listens;
     struct sockaddr_in src, dst;
@@ -1879,7 +1880,7 @@ static int second_address(const char *ip, char *second, size_t len, bool add) {
 }
 
 static int flush_stranger_recv_inner(struct duo *d, const struct cfg *c, struct stranger *st,
-                                     void *shim) {
+                                     void *shim, bool local) {
     struct netapi n;
     void *lc, *comm;
     char handle[NCCL_NET_HANDLE_MAXSIZE], ip[INET_ADDRSTRLEN], second[INET_ADDRSTRLEN];
@@ -1890,22 +1891,25 @@ static int flush_stranger_recv_inner(struct duo *d, const struct cfg *c, struct 
     CHECK(verbs_open() == 0 && verbs_have_rdmacm()); /* the stranger's own, through the shim */
     CHECK(net_listen(&n, handle, &lc) == 0);
     handle_ip(handle, ip, sizeof(ip));
-    CHECK(second_address(ip, second, sizeof(second), true) == 0);
+    const char *from = local ? ip : second;
+    if (!local) CHECK(second_address(ip, second, sizeof(second), true) == 0);
     st->src = (struct sockaddr_in){.sin_family = AF_INET};
-    inet_pton(AF_INET, second, &st->src.sin_addr);
+    inet_pton(AF_INET, from, &st->src.sin_addr);
     st->dst = (struct sockaddr_in){.sin_family = AF_INET};
     inet_pton(AF_INET, ip, &st->dst.sin_addr);
     set_hook(stranger_at_flush_listen, st);
     CHECK(duo_send(d, handle, sizeof(handle)) == 0);
     int accepted = net_accept(&n, lc, &comm, TMO) == 0;
     set_hook(NULL, NULL);
-    second_address(ip, second, sizeof(second), false);
+    if (!local) second_address(ip, second, sizeof(second), false);
+    if (!accepted) fprintf(stderr, "log:\n%s", log_text());
     CHECK(accepted);
-    figure("a stranger from %s at the flush listener on %s during its setup: %s", second, c->dev,
+    figure("a stranger from %s at the flush listener on %s during its setup: %s", from, c->dev,
            st->queued ? "queued ahead of the loopback" : "NOT queued");
     CHECK(st->queued);
     char warn[96];
-    snprintf(warn, sizeof(warn), "rejecting an rdma_cm connection from %s", second);
+    snprintf(warn, sizeof(warn), "rejecting an rdma_cm connection from %s:%u", from,
+             ntohs(vb.cm_get_src_port(st->cm.id)));
     CHECK(log_contains(warn));
     int ev = raw_event(&st->cm, 10000);
     if (ev != RDMA_CM_EVENT_REJECTED) fprintf(stderr, "the stranger got event %d\n", ev);
@@ -1918,14 +1922,22 @@ static int flush_stranger_recv_inner(struct duo *d, const struct cfg *c, struct 
     return 0;
 }
 
-static int flush_stranger_recv(struct duo *d, void *arg) {
+static int flush_stranger_recv_from(struct duo *d, void *arg, bool local) {
     const char *path = getenv("ITEST_CM_SHIM");
     CHECK(path != NULL); /* set by CMake: the case cannot run without it */
     setenv("NCCL_ERDMA_RDMACM_LIB", path, 1);
     void *shim = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
     CHECK(shim != NULL);
     struct stranger st = {0};
-    return flush_stranger_recv_inner(d, arg, &st, shim);
+    return flush_stranger_recv_inner(d, arg, &st, shim, local);
+}
+
+static int flush_stranger_recv(struct duo *d, void *arg) {
+    return flush_stranger_recv_from(d, arg, false);
+}
+
+static int flush_local_stranger_recv(struct duo *d, void *arg) {
+    return flush_stranger_recv_from(d, arg, true);
 }
 
 /* ------------------------------------------------------------ scenario: resource hygiene */
@@ -2445,6 +2457,8 @@ static const struct scenario scenarios[] = {
     {"input/flush_listener_closed_after_setup", RUN_DUO, flush_listener_recv, flush_listener_send,
      "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
     {"input/stranger_at_flush_listener_during_setup", RUN_DUO, flush_stranger_recv,
+     flush_listener_send, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
+    {"input/local_stranger_at_flush_listener_during_setup", RUN_DUO, flush_local_stranger_recv,
      flush_listener_send, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
     {"input/regmr_unmapped", RUN_SOLO, regmr_bad_main, NULL, NULL},
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
