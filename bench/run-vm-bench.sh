@@ -161,7 +161,7 @@ has_bw_floor() { has_floor "$1" && [ "$FLOOR_MODE" = netib ]; }
 # BWP[size] / BWX[size] (perftest / plugin bandwidth), LATPS[size] / LATXS[size] (latency)
 # and LATFS[size] / BWF[size] (the raw-verbs floor's latency / bandwidth).
 measure() {
-  local dev=$1 s b n out r
+  local dev=$1 s b n out r typical
   PLUGIN_RC[$dev]=0
   for r in $(seq 1 "$BW_ROUNDS"); do
     echo "== $dev: perftest ib_write_bw ($(perftest_flags "$dev"), default tx depth), round $r of $BW_ROUNDS" >&2
@@ -194,7 +194,6 @@ measure() {
       echo "   $s: ${LATPS[$b]:-FAILED} us" >&2
       if has_floor "$dev"; then # the protocol's raw-verbs floor, in the same round
         out=$(timeout 150 "$FLOOR" -d "$dev" -m "$FLOOR_MODE" -s "$b" -n "$LAT_ITERS" -D "$LAT_DEPTH" 2>&1) || out=
-        local typical
         typical=$(echo "$out" | awk -v b="$b" -v m="$FLOOR_MODE" '$1 == m && $2 == b {print $6; exit}' | finite)
         out=$(echo "$out" | awk -v b="$b" -v m="$FLOOR_MODE" '$1 == m && $2 == b {print $7; exit}' | finite)
         LATFS[$b]+=" ${out:--}"

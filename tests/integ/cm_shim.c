@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <rdma/rdma_cma.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +89,7 @@ static int (*real_post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct i
 
 static struct rdma_cm_id *qp_ids[16]; /* the ids rdma_create_qp gave a QP, to disconnect */
 static int nqp_ids;
+static bool hang_up_at_repeat; /* CM_SHIM_DIE_IN=warmup_disconnect */
 
 static void disconnect_and_hang(void) {
     int (*disconnect)(struct rdma_cm_id *) = (int (*)(struct rdma_cm_id *))real("rdma_disconnect");
@@ -102,7 +104,7 @@ static int lossy_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv
     static int lost;
     if (wr && !wr->next && wr->opcode == IBV_WR_SEND && wr->num_sge == 0) { /* a warm-up */
         if (++lost == 2) {
-            if (!strcmp(getenv("CM_SHIM_DIE_IN"), "warmup_disconnect")) disconnect_and_hang();
+            if (hang_up_at_repeat) disconnect_and_hang();
             raise(SIGKILL);
         }
         return 0;
@@ -117,6 +119,7 @@ int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_
     int ret = f(id, pd, a);
     const char *at = getenv("CM_SHIM_DIE_IN");
     if (ret == 0 && at && (!strcmp(at, "warmup_repeat") || !strcmp(at, "warmup_disconnect"))) {
+        hang_up_at_repeat = !strcmp(at, "warmup_disconnect");
         if (nqp_ids < (int)(sizeof(qp_ids) / sizeof(qp_ids[0]))) qp_ids[nqp_ids++] = id;
         if (id->qp->context->ops.post_send != lossy_post_send) {
             real_post_send = id->qp->context->ops.post_send;

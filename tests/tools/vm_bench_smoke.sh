@@ -87,8 +87,10 @@ rows=$(echo "$out" | awk -F'|' '
   /^### / {dev = $0; sub(/^### /, "", dev); sub(/:.*/, "", dev)
            kind = ($0 ~ /bandwidth/) ? "bw" : ($0 ~ /t_typical/) ? "typical" : "lat"}
   /^\| [0-9]/ {
-    plugin = (kind == "bw" && dev == "siw0") ? $4 : (kind == "typical") ? $4 : $5   # siw0 has no bandwidth floor column
-    floor = (kind == "bw" && dev == "siw0") ? "" : (kind == "typical") ? $3 : $4
+    # siw0 has no bandwidth floor column; the t_typical table has no perftest column
+    if (kind == "typical") { floor = $3; plugin = $4 }
+    else if (kind == "bw" && dev == "siw0") { floor = ""; plugin = $4 }
+    else { floor = $4; plugin = $5 }
     gsub(/ /, "", plugin); gsub(/ /, "", floor)
     ok = plugin ~ /^[0-9.]+$/ && plugin > 0 && (dev != "rxe0" || floor ~ /^[0-9.]+$/)
     print dev, kind, ok ? "ok" : "bad(plugin=" plugin ",floor=" floor ")"
