@@ -55,7 +55,7 @@ struct erdma_request {
     int n;
     uint64_t sizes[ERDMA_MAX_RECVS];
     uint32_t seq;
-    uint64_t posted_ns; /* coarse clock: the longest time in flight, for the counters */
+    uint64_t posted_ns; /* clock_cached_ns(): the longest time in flight, for the counters */
     void *phandle;      /* isend: NCCL's profiler handle (v10+), NULL otherwise */
 };
 

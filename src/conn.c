@@ -43,6 +43,8 @@ uint64_t now_coarse_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t erdma_clock_ns;
+
 struct erdma_device *comm_device(void *comm) {
     struct comm_base *b = comm;
     if (!b || (b->kind != COMM_LISTEN && b->kind != COMM_SEND && b->kind != COMM_RECV)) {
@@ -81,6 +83,7 @@ int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t
                       size_t peer_len) {
     c->base.dev = dev;
     c->fd = -1;
+    clock_refresh(); /* the data path's stamps start from a fresh reading */
     c->port_downs = __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE);
     c->nqps = nqps;
     c->cq_depth = nqps * (conn_sq_depth(dev, true) + ERDMA_RQ_DEPTH) + 2 * ERDMA_FIFO_DEPTH;

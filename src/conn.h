@@ -23,6 +23,18 @@ struct listen_comm {
 
 uint64_t now_ns(void);
 uint64_t now_coarse_ns(void);
+/* The coarse clock as the data path last read it. Requests are stamped with it when posted
+ * and completed (for the "longest in flight" counter) without a clock call on the critical
+ * path of a message; idle polls of any comm and every new connection refresh it (p2p.c
+ * conn_progress, conn_alloc_common), so it trails the clock by about an idle poll, well under
+ * the coarse clock's own tick. Threads race on it harmlessly: readers allow for a step back. */
+extern uint64_t erdma_clock_ns;
+static inline uint64_t clock_cached_ns(void) {
+    return __atomic_load_n(&erdma_clock_ns, __ATOMIC_RELAXED);
+}
+static inline void clock_refresh(void) {
+    __atomic_store_n(&erdma_clock_ns, now_coarse_ns(), __ATOMIC_RELAXED);
+}
 /* Allocates the CQ and control region of a connection end; the peer's key covers only the
  * region's first peer_len bytes. */
 int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len,
