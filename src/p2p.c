@@ -98,16 +98,21 @@ static const char *wc_hint(enum ibv_wc_status s) {
     }
 }
 
-/* Every post of a send-queue work request: siw may raise SIGPIPE in it (verbs.h). Other
- * devices post straight away: this is the hot path. */
-static int post_send(struct conn *c, struct ibv_qp *qp, struct ibv_send_wr *wr,
-                     struct ibv_send_wr **bad) {
-    if (!c->base.dev->sends_in_syscall) return verbs_errno(vb.post_send(qp, wr, bad));
+static __attribute__((noinline)) int post_send_quiet(struct ibv_qp *qp, struct ibv_send_wr *wr,
+                                                     struct ibv_send_wr **bad) {
     struct quiet_pipe q;
     quiet_pipe_begin(&q, true);
     int ret = verbs_errno(vb.post_send(qp, wr, bad));
     quiet_pipe_end(&q);
     return ret;
+}
+
+/* Every post of a send-queue work request: siw may raise SIGPIPE in it (verbs.h). Other
+ * devices post straight away: this is the hot path. */
+static inline int post_send(struct conn *c, struct ibv_qp *qp, struct ibv_send_wr *wr,
+                            struct ibv_send_wr **bad) {
+    if (!c->base.dev->sends_in_syscall) return verbs_errno(vb.post_send(qp, wr, bad));
+    return post_send_quiet(qp, wr, bad);
 }
 
 /* First failure wins: later completions are usually flushes caused by it. */

@@ -152,18 +152,3 @@ void qp_destroy(struct qp_ctx *q) {
     q->qp = NULL;
     q->cm_id = NULL;
 }
-
-void qp_sq_push(struct qp_ctx *q, int nwr, bool signaled) {
-    q->sq_used += nwr;
-    q->unsignaled += nwr;
-    if (!signaled) return;
-    q->sig_ring[q->sig_tail] = (uint16_t)q->unsignaled;
-    q->sig_tail = (q->sig_tail + 1) % ERDMA_MAX_SQ_WR;
-    q->unsignaled = 0;
-}
-
-void qp_sq_retire(struct qp_ctx *q) {
-    if (q->sig_head == q->sig_tail) return;
-    q->sq_used -= q->sig_ring[q->sig_head];
-    q->sig_head = (q->sig_head + 1) % ERDMA_MAX_SQ_WR;
-}

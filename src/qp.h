@@ -41,8 +41,20 @@ void qp_destroy(struct qp_ctx *q);
 static inline int qp_sq_room(const struct qp_ctx *q) {
     return q->sq_depth - q->sq_used;
 }
-/* nwr WRs were posted; the last one signaled or not. */
-void qp_sq_push(struct qp_ctx *q, int nwr, bool signaled);
-void qp_sq_retire(struct qp_ctx *q);
+/* nwr WRs were posted; the last one signaled or not. (Inline: every post on the hot path.) */
+static inline void qp_sq_push(struct qp_ctx *q, int nwr, bool signaled) {
+    q->sq_used += nwr;
+    q->unsignaled += nwr;
+    if (!signaled) return;
+    q->sig_ring[q->sig_tail] = (uint16_t)q->unsignaled;
+    q->sig_tail = (q->sig_tail + 1) % ERDMA_MAX_SQ_WR;
+    q->unsignaled = 0;
+}
+/* A signaled completion: the WRs it and the unsignaled ones before it held are free again. */
+static inline void qp_sq_retire(struct qp_ctx *q) {
+    if (q->sig_head == q->sig_tail) return;
+    q->sq_used -= q->sig_ring[q->sig_head];
+    q->sig_head = (q->sig_head + 1) % ERDMA_MAX_SQ_WR;
+}
 
 #endif
