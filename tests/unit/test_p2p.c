@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -114,6 +115,58 @@ static void test_roundtrip(void **state) {
     }
     assert_int_equal(fake_post_errors(), 0);
     assert_false(fake_cq_overflowed(p.sc->c.cq));
+    close_pair(&p);
+}
+
+/* "Longest request in flight" (the counters' max_inflight_ns) is stamped from the coarse clock
+ * that idle polls cache (conn.h clock_cached_ns), not read on each message's critical path: a
+ * receive that waits while its caller polls is counted with its wait, and a cached clock that
+ * another thread set a step back never makes the span wrap around into centuries. */
+static uint64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void test_longest_in_flight_counted(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    char src[64] = "in flight", dst[64];
+    void *smh = reg(p.sc, src, sizeof(src)), *rmh = reg(p.rc, dst, sizeof(dst));
+    void *data[1] = {dst}, *mhs[1] = {rmh};
+    size_t sizes[1] = {sizeof(dst)};
+    int tags[1] = {3};
+    for (int round = 0; round < 2; round++) {
+        void *rreq = NULL, *sreq = NULL;
+        assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+        assert_non_null(rreq);
+        if (round == 0) { /* the receive waits ~60 ms, polled all along */
+            uint64_t t0 = mono_ms();
+            while (mono_ms() - t0 < 60) {
+                int done = 1;
+                assert_int_equal(erdma_test(rreq, &done, NULL), 0);
+                assert_int_equal(done, 0);
+            }
+        }
+        for (int i = 0; i < POLL_LIMIT && !sreq; i++)
+            assert_int_equal(erdma_isend(p.sc, src, sizeof(src), 3, smh, NULL, &sreq), 0);
+        assert_non_null(sreq);
+        if (round == 1) /* another thread's older reading lands last: the clock steps back */
+            __atomic_store_n(&erdma_clock_ns,
+                             ((struct erdma_request *)rreq)->posted_ns - 1000000000ull,
+                             __ATOMIC_RELAXED);
+        assert_int_equal(wait_req(rreq, NULL), 1);
+        assert_int_equal(wait_req(sreq, NULL), 1);
+        uint64_t recv_max = p.rc->c.stats.c.max_inflight_ns,
+                 send_max = p.sc->c.stats.c.max_inflight_ns;
+        print_message("round %d: longest receive %.3f s, send %.3f s\n", round, recv_max / 1e9,
+                      send_max / 1e9);
+        /* the coarse clock ticks every 1-10 ms */
+        assert_true(recv_max >= 40000000ull && recv_max < 5000000000ull);
+        assert_true(send_max < 5000000000ull);
+    }
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
     close_pair(&p);
 }
 
@@ -872,6 +925,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_forked_child_leaves_parent_alone, setup_one,
                                         teardown_env),
         cmocka_unit_test_setup_teardown(test_receives_posted_again, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_longest_in_flight_counted, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_lowers_nreqs, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_raises_nreqs, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_max_msg_tiny, setup_tiny_msg_peer, teardown_env),
