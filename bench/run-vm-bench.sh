@@ -18,6 +18,9 @@
 #                         (net_ib's algorithm: one inlined clear-to-send per receive; its
 #                         latency with LAT_DEPTH receives posted, and its bandwidth too,
 #                         with WINDOW receives posted ahead, the plugin bench's window)
+#   FLOOR_CONNS [1]  QP pairs of the latency floor (verbs_floor -c): 1 carries both directions
+#                    of the ping-pong on one pair and one CQ a side; 2 gives each direction its
+#                    own pair and CQs, as net_ib's (and the plugin's) send and receive comms
 # Latency drifts by 20-40 % within one boot of the emulated VM, and bandwidth
 # drops by as much for seconds at a time, so both are measured in rounds
 # (LAT_ROUNDS, BW_ROUNDS), perftest and plugin alternating size by size, and the table gives
@@ -47,7 +50,7 @@ if [ "${1:-}" != --inside ]; then
   for f in "$BUILD_DIR/bench/erdma_bench" "$BUILD_DIR/bench/verbs_floor" "$BUILD_DIR/src/libnccl-net-erdma.so"; do
     [ -e "$f" ] || { echo "missing $f: build first (cmake -S . -B $BUILD_DIR && cmake --build $BUILD_DIR -j2)" >&2; exit 2; }
   done
-  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${LAT_SIZES:+ LAT_SIZES='$LAT_SIZES'}${LAT_ROUNDS:+ LAT_ROUNDS=$LAT_ROUNDS}${BW_ROUNDS:+ BW_ROUNDS=$BW_ROUNDS}${LAT_ITERS:+ LAT_ITERS=$LAT_ITERS}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${WINDOW:+ WINDOW=$WINDOW}${BW_BYTES:+ BW_BYTES=$BW_BYTES}${FLOOR_MODE:+ FLOOR_MODE=$FLOOR_MODE}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
+  export BUILD_DIR BENCH_CMDLINE="$0 $*${BW_SIZES:+ BW_SIZES='$BW_SIZES'}${LAT_SIZES:+ LAT_SIZES='$LAT_SIZES'}${LAT_ROUNDS:+ LAT_ROUNDS=$LAT_ROUNDS}${BW_ROUNDS:+ BW_ROUNDS=$BW_ROUNDS}${LAT_ITERS:+ LAT_ITERS=$LAT_ITERS}${BENCH_EXTRA:+ BENCH_EXTRA='$BENCH_EXTRA'}${API:+ API=$API}${LAT_DEPTH:+ LAT_DEPTH=$LAT_DEPTH}${WINDOW:+ WINDOW=$WINDOW}${BW_BYTES:+ BW_BYTES=$BW_BYTES}${FLOOR_MODE:+ FLOOR_MODE=$FLOOR_MODE}${FLOOR_CONNS:+ FLOOR_CONNS=$FLOOR_CONNS}${NCCL_ERDMA_CTS_BATCH:+ NCCL_ERDMA_CTS_BATCH=$NCCL_ERDMA_CTS_BATCH}"
   if [ -n "$OUT_FILE" ]; then
     mkdir -p "$(dirname "$OUT_FILE")"
     tests/vm/run-in-rdma-vm.sh bench/run-vm-bench.sh --inside "${@:-rxe0 siw0}" | tee "$OUT_FILE"
@@ -72,6 +75,7 @@ LAT_ROUNDS=${LAT_ROUNDS:-3}
 BW_ROUNDS=${BW_ROUNDS:-3}
 LAT_DEPTH=${LAT_DEPTH:-8}
 FLOOR_MODE=${FLOOR_MODE:-imm+cts}
+FLOOR_CONNS=${FLOOR_CONNS:-1}
 WINDOW=${WINDOW:-16}
 API=${API:-12}
 TRIES=${PERFTEST_TRIES:-3}
@@ -193,7 +197,7 @@ measure() {
       LATPS[$b]+=" ${out:--}" # "-" keeps the rounds aligned when perftest failed
       echo "   $s: ${LATPS[$b]:-FAILED} us" >&2
       if has_floor "$dev"; then # the protocol's raw-verbs floor, in the same round
-        out=$(timeout 150 "$FLOOR" -d "$dev" -m "$FLOOR_MODE" -s "$b" -n "$LAT_ITERS" -D "$LAT_DEPTH" 2>&1) || out=
+        out=$(timeout 150 "$FLOOR" -d "$dev" -m "$FLOOR_MODE" -c "$FLOOR_CONNS" -s "$b" -n "$LAT_ITERS" -D "$LAT_DEPTH" 2>&1) || out=
         typical=$(echo "$out" | awk -v b="$b" -v m="$FLOOR_MODE" '$1 == m && $2 == b {print $6; exit}' | finite)
         out=$(echo "$out" | awk -v b="$b" -v m="$FLOOR_MODE" '$1 == m && $2 == b {print $7; exit}' | finite)
         LATFS[$b]+=" ${out:--}"
@@ -294,12 +298,13 @@ lat_table() {
   if has_floor "$dev"; then typical_table "$dev"; fi
   if has_floor "$dev" && [ "$FLOOR_MODE" = netib ]; then
     echo
-    echo "floor: \`verbs_floor -m netib -D $LAT_DEPTH\`, net_ib's algorithm in raw verbs: write-with-immediate" \
+    echo "floor: \`verbs_floor -m netib -c $FLOOR_CONNS -D $LAT_DEPTH\`, net_ib's algorithm in raw verbs: write-with-immediate" \
          "polled on a CQ, $LAT_DEPTH receives posted on each side, one inlined clear-to-send write per receive," \
-         "and a sender that waits for the clear-to-send of the receive it writes into."
+         "and a sender that waits for the clear-to-send of the receive it writes into;" \
+         "$([ "$FLOOR_CONNS" = 2 ] && echo "each direction on its own QP pair and CQs, as net_ib's send and receive comms" || echo "both directions on one QP pair and one CQ a side")."
   elif has_floor "$dev"; then
     echo
-    echo "floor: \`verbs_floor -m imm+cts -D $LAT_DEPTH\`, the same protocol in raw verbs: write-with-immediate" \
+    echo "floor: \`verbs_floor -m imm+cts -c $FLOOR_CONNS -D $LAT_DEPTH\`, the same protocol in raw verbs: write-with-immediate" \
          "polled on a CQ, plus one batched clear-to-send write per $((LAT_DEPTH - 1)) messages on each side."
   fi
   if [ "${PLUGIN_RC[$dev]}" != 0 ]; then
