@@ -253,6 +253,13 @@ void p2p_prof_close(struct conn *c) {
                 prof_qp_stop(&ev[s][i][q]);
 }
 
+/* A request's time in flight, for the counters. Both ends of the span come from the cached
+ * clock, which another thread may have just set a step back (conn.h): a span that would wrap
+ * around is none. */
+static inline void stats_inflight(struct conn *c, uint64_t now, uint64_t posted_ns) {
+    if (now > posted_ns) stats_max(&c->stats.c.max_inflight_ns, now - posted_ns);
+}
+
 /* The end of a receive: its sizes are in req->sizes. */
 static inline void recv_finish(struct recv_comm *rc, struct recv_slot *slot,
                                struct erdma_request *req, uint32_t seq, uint64_t bytes) {
@@ -262,7 +269,7 @@ static inline void recv_finish(struct recv_comm *rc, struct recv_slot *slot,
     rc->arrived++;
     stats_add(&rc->c.stats.c.bytes_recv, bytes);
     stats_add(&rc->c.stats.c.msgs_recv, 1);
-    if (now > req->posted_ns) stats_max(&rc->c.stats.c.max_inflight_ns, now - req->posted_ns);
+    stats_inflight(&rc->c, now, req->posted_ns);
     if (prof_on()) recv_prof_stop(rc, seq % ERDMA_FIFO_DEPTH, req->n);
 }
 
@@ -454,7 +461,7 @@ static void send_handle_record_done(struct send_comm *sc, int q, uint32_t slot_i
         req->done = true;
         stats_add(&sc->c.stats.c.bytes_sent, slot->sends[i].size);
         stats_add(&sc->c.stats.c.msgs_sent, 1);
-        if (now > req->posted_ns) stats_max(&sc->c.stats.c.max_inflight_ns, now - req->posted_ns);
+        stats_inflight(&sc->c, now, req->posted_ns);
     }
 }
 
