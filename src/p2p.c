@@ -904,7 +904,9 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     *request = req;
     if (++slot->matched < n) return 0;
     sc->fifo_seq++;
-    return send_post_ready(sc);
+    int ret = send_post_ready(sc);
+    if (ret) *request = NULL; /* the connection is broken; close frees the request */
+    return ret;
 }
 
 int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,

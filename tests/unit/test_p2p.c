@@ -392,6 +392,63 @@ static void test_message_beyond_send_queue(void **state) {
     close_pair(&p);
 }
 
+/* A post the device refuses (a full queue it did not report, a QP the driver moved to error)
+ * fails the call that made it with the device's errno, returns no request, names the device,
+ * QP and peer, and fails the connection for good: a later call says so again at once. Both
+ * clear-to-send paths (one buffer, and a grouped receive's chain) and both payload paths (one
+ * write, and the general one of several buffers) are refused once each. */
+static void refused_post_case(int nbufs, bool refuse_send) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    char *src = calloc(1, 256), *dst = calloc(1, 256 * nbufs);
+    void *smh = reg(p.sc, src, 256), *rmh = reg(p.rc, dst, 256 * (size_t)nbufs);
+    void *data[2] = {dst, dst + 256}, *mhs[2] = {rmh, rmh}, *rreq = NULL, *sreq = NULL;
+    size_t sizes[2] = {256, 256};
+    int tags[2] = {1, 2};
+    if (!refuse_send) fake_fail_next_post(ENOMEM);
+    int ret = erdma_irecv(p.rc, nbufs, data, sizes, tags, mhs, NULL, &rreq);
+    if (!refuse_send) {
+        if (ret != -ENOMEM) unit_log_print();
+        assert_int_equal(ret, -ENOMEM);
+        assert_null(rreq);
+        assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", "clear-to-send");
+        assert_int_equal(erdma_irecv(p.rc, nbufs, data, sizes, tags, mhs, NULL, &rreq), -ENOMEM);
+        assert_null(rreq);
+    } else {
+        assert_int_equal(ret, 0);
+        assert_non_null(rreq);
+        for (int b = 0; b < nbufs - 1; b++) { /* all but the last buffer: nothing posted yet */
+            for (int i = 0; i < POLL_LIMIT && !sreq; i++)
+                assert_int_equal(erdma_isend(p.sc, src, 256, tags[b], smh, NULL, &sreq), 0);
+            assert_non_null(sreq);
+            sreq = NULL;
+        }
+        for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++) {
+            if (!ret) fake_fail_next_post(ENOMEM); /* armed for the post, not for a poll */
+            ret = erdma_isend(p.sc, src, 256, tags[nbufs - 1], smh, NULL, &sreq);
+        }
+        fake_fail_next_post(0);
+        if (ret != -ENOMEM) unit_log_print();
+        assert_int_equal(ret, -ENOMEM);
+        assert_null(sreq);
+        assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", "work request");
+        assert_int_equal(erdma_isend(p.sc, src, 256, 1, smh, NULL, &sreq), -ENOMEM);
+        assert_null(sreq);
+    }
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    free(src);
+    free(dst);
+    close_pair(&p); /* frees the requests the failed comms still hold */
+}
+
+static void test_refused_posts_fail_cleanly(void **state) {
+    refused_post_case(1, false);
+    refused_post_case(2, false);
+    refused_post_case(1, true);
+    refused_post_case(2, true);
+}
+
 /* ---- the receiver's side: records and immediates the peer chooses ---- */
 
 /* One receive of 4 KiB on tag 1, its clear-to-send posted. */
@@ -924,6 +981,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_peer_max_msg_tiny, setup_tiny_msg_peer, teardown_env),
         cmocka_unit_test_setup_teardown(test_message_beyond_send_queue, setup_small_sq,
                                         teardown_env),
+        cmocka_unit_test_setup_teardown(test_refused_posts_fail_cleanly, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_imm_size_beyond_buffer, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_imm_record_wrong_seq, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_record_bad_count, setup_one, teardown_env),
