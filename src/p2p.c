@@ -341,6 +341,13 @@ static bool cts_may_wait(const struct recv_comm *rc, uint64_t recv_bytes) {
            cts_held(rc) >= CTS_LOW_WATER;
 }
 
+static __attribute__((cold, noinline)) int cts_post_failed(struct recv_comm *rc, struct qp_ctx *qp,
+                                                           int err) {
+    WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
+         qp->qp->qp_num, rc->c.peer, strerror(-err));
+    return conn_fail(&rc->c, err);
+}
+
 /* Posts the writes of FIFO slots [first, first + count) as one chain: the first entries of
  * every slot, then each further buffer row that some slot in the range uses. */
 static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) {
@@ -374,13 +381,42 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
         };
     }
     int ret = post_send(&rc->c, qp->qp, wrs, &bad);
-    if (ret) {
-        WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
-             qp->qp->qp_num, rc->c.peer, strerror(-ret));
-        return conn_fail(&rc->c, ret);
-    }
+    if (ret) return cts_post_failed(rc, qp, ret);
     qp_sq_push(qp, rows, signal);
     stats_add(&rc->c.stats.c.wrs_posted, (uint64_t)rows);
+    return 0;
+}
+
+/* The common clear-to-send: a single-buffer receive with none held before it. The one work
+ * request cts_post_range would build for it, without that function's loops and arrays. */
+static int cts_post_one(struct recv_comm *rc, uint32_t idx) {
+    struct qp_ctx *qp = &rc->c.qps[CTS_QP];
+    bool signal = qp->unsignaled + 1 >= CTS_SIGNAL_EVERY;
+    struct ibv_sge sge = {.addr = (uintptr_t)&rc->cts[cts_index(idx, 0)],
+                          .length = sizeof(struct wire_cts),
+                          .lkey = rc->c.ctrl_mr->lkey};
+    struct ibv_send_wr wr =
+                           {
+                               .wr_id = wr_id(WR_CTS, CTS_QP, idx),
+                               .sg_list = &sge,
+                               .num_sge = 1,
+                               .opcode = IBV_WR_RDMA_WRITE,
+                               .send_flags = (signal ? IBV_SEND_SIGNALED : 0) |
+                                             (rc->c.inline_cts &&
+                                                      (int)sizeof(struct wire_cts) <= qp->max_inline
+                                                  ? IBV_SEND_INLINE
+                                                  : 0),
+                               .wr.rdma = {.remote_addr =
+                                               rc->c.remote_ctrl_addr +
+                                               cts_index(idx, 0) * sizeof(struct wire_cts),
+                                           .rkey = rc->c.remote_ctrl_rkey},
+                           },
+                       *bad;
+    int ret = post_send(&rc->c, qp->qp, &wr, &bad);
+    if (ret) return cts_post_failed(rc, qp, ret);
+    qp_sq_push(qp, 1, signal);
+    stats_add(&rc->c.stats.c.wrs_posted, 1);
+    rc->cts_seq++;
     return 0;
 }
 
@@ -497,7 +533,8 @@ static uint64_t wrs_for(uint64_t len, uint32_t max_msg) {
     return len ? (len + max_msg - 1) / max_msg : 0;
 }
 
-static int send_post_failed(struct conn *c, struct qp_ctx *q, int nwr, int err) {
+static __attribute__((cold, noinline)) int send_post_failed(struct conn *c, struct qp_ctx *q,
+                                                            int nwr, int err) {
     WARN("%s: posting %d work request(s) on QP %u to %s failed: %s", c->base.dev->name, nwr,
          q->qp->qp_num, c->peer, strerror(-err));
     return conn_fail(c, err);
@@ -534,18 +571,13 @@ static int send_post_single(struct send_comm *sc, struct send_slot *slot, uint32
     return 1;
 }
 
-/* Posts one matched slot, the one at post_seq. 1 posted, 0 no send-queue room yet, -errno
- * failed. */
-static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
+/* Any other slot: several buffers, split over QPs, longer than one work request, empty, or
+ * completed by a record. Out of line: its arrays (64 work requests) stay off the stack of the
+ * common message. */
+static __attribute__((noinline)) int send_post_general(struct send_comm *sc, struct send_slot *slot,
+                                                       uint32_t idx, int used, int first) {
     struct conn *c = &sc->c;
-    uint32_t idx = slot->seq % ERDMA_FIFO_DEPTH;
     const struct wire_cts *fifo = sc->fifo;
-    int used = c->split ? c->nqps : 1;
-    int first = c->split ? 0 : sc->post_qp;
-    if (used == 1 && slot->n == 1 && c->completion == COMPLETION_IMM &&
-        slot->sends[0].size - 1 < (uint64_t)c->max_msg) /* 1 .. max_msg bytes */
-        return send_post_single(sc, slot, idx, first);
-
     for (int u = 0; u < used; u++) {
         uint64_t need = 1;
         for (int i = 0; i < slot->n; i++) {
@@ -652,6 +684,19 @@ static int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
     slot->pending = used;
     slot->posted = true;
     return 1;
+}
+
+/* Posts one matched slot, the one at post_seq. 1 posted, 0 no send-queue room yet, -errno
+ * failed. */
+static inline int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
+    struct conn *c = &sc->c;
+    uint32_t idx = slot->seq % ERDMA_FIFO_DEPTH;
+    int used = c->split ? c->nqps : 1;
+    int first = c->split ? 0 : sc->post_qp;
+    if (used == 1 && slot->n == 1 && c->completion == COMPLETION_IMM &&
+        slot->sends[0].size - 1 < (uint64_t)c->max_msg) /* 1 .. max_msg bytes */
+        return send_post_single(sc, slot, idx, first);
+    return send_post_general(sc, slot, idx, used, first);
 }
 
 static int send_post_ready(struct send_comm *sc) {
@@ -959,7 +1004,9 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     *request = req;
     if (prof_on()) recv_prof_start(rc, idx, n, sizes, phandles);
     if (++rc->post_qp == rc->c.nqps) rc->post_qp = 0;
-    int ret = cts_may_wait(rc, total) ? 0 : cts_flush(rc);
+    int ret = 0;
+    if (!cts_may_wait(rc, total))
+        ret = n == 1 && rc->cts_seq + 1 == rc->seq ? cts_post_one(rc, idx) : cts_flush(rc);
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;
 }
