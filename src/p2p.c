@@ -392,26 +392,21 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
 static int cts_post_one(struct recv_comm *rc, uint32_t idx) {
     struct qp_ctx *qp = &rc->c.qps[CTS_QP];
     bool signal = qp->unsignaled + 1 >= CTS_SIGNAL_EVERY;
-    struct ibv_sge sge = {.addr = (uintptr_t)&rc->cts[cts_index(idx, 0)],
+    /* entry 0 of slot idx: cts_index(idx, 0) == idx */
+    struct ibv_sge sge = {.addr = (uintptr_t)&rc->cts[idx],
                           .length = sizeof(struct wire_cts),
                           .lkey = rc->c.ctrl_mr->lkey};
-    struct ibv_send_wr wr =
-                           {
-                               .wr_id = wr_id(WR_CTS, CTS_QP, idx),
-                               .sg_list = &sge,
-                               .num_sge = 1,
-                               .opcode = IBV_WR_RDMA_WRITE,
-                               .send_flags = (signal ? IBV_SEND_SIGNALED : 0) |
-                                             (rc->c.inline_cts &&
-                                                      (int)sizeof(struct wire_cts) <= qp->max_inline
-                                                  ? IBV_SEND_INLINE
-                                                  : 0),
-                               .wr.rdma = {.remote_addr =
-                                               rc->c.remote_ctrl_addr +
-                                               cts_index(idx, 0) * sizeof(struct wire_cts),
-                                           .rkey = rc->c.remote_ctrl_rkey},
-                           },
-                       *bad;
+    bool inl = rc->c.inline_cts && (int)sizeof(struct wire_cts) <= qp->max_inline;
+    struct ibv_send_wr *bad;
+    struct ibv_send_wr wr = {
+        .wr_id = wr_id(WR_CTS, CTS_QP, idx),
+        .sg_list = &sge,
+        .num_sge = 1,
+        .opcode = IBV_WR_RDMA_WRITE,
+        .send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (inl ? IBV_SEND_INLINE : 0),
+        .wr.rdma = {.remote_addr = rc->c.remote_ctrl_addr + idx * sizeof(struct wire_cts),
+                    .rkey = rc->c.remote_ctrl_rkey},
+    };
     int ret = post_send(&rc->c, qp->qp, &wr, &bad);
     if (ret) return cts_post_failed(rc, qp, ret);
     qp_sq_push(qp, 1, signal);
