@@ -341,18 +341,51 @@ static bool cts_may_wait(const struct recv_comm *rc, uint64_t recv_bytes) {
            cts_held(rc) >= CTS_LOW_WATER;
 }
 
-static __attribute__((cold, noinline)) int cts_post_failed(struct recv_comm *rc, struct qp_ctx *qp,
-                                                           int err) {
-    WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
-         qp->qp->qp_num, rc->c.peer, strerror(-err));
-    return conn_fail(&rc->c, err);
+/* Row r of the clear-to-sends of the FIFO slots from first on: one RDMA write of len bytes
+ * (their r-th entries) into the same place of the peer's FIFO. */
+static inline void cts_row(struct recv_comm *rc, const struct qp_ctx *qp, uint32_t first, int r,
+                           uint32_t len, bool sig, struct ibv_send_wr *wr, struct ibv_sge *sge) {
+    size_t at = cts_index(first, r);
+    *sge = (struct ibv_sge){
+        .addr = (uintptr_t)&rc->cts[at], .length = len, .lkey = rc->c.ctrl_mr->lkey};
+    *wr = (struct ibv_send_wr){
+        .wr_id = wr_id(WR_CTS, CTS_QP, first),
+        .sg_list = sge,
+        .num_sge = 1,
+        .opcode = IBV_WR_RDMA_WRITE,
+        .send_flags = (sig ? IBV_SEND_SIGNALED : 0) |
+                      (rc->c.inline_cts && (int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
+        .wr.rdma = {.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts),
+                    .rkey = rc->c.remote_ctrl_rkey},
+    };
+}
+
+/* Posts a chain of rows clear-to-send writes, the last one signaled when signal. */
+static inline int cts_post_chain(struct recv_comm *rc, struct qp_ctx *qp, struct ibv_send_wr *wrs,
+                                 int rows, bool signal) {
+    struct ibv_send_wr *bad;
+    int ret = post_send(&rc->c, qp->qp, wrs, &bad);
+    if (ret) {
+        WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
+             qp->qp->qp_num, rc->c.peer, strerror(-ret));
+        return conn_fail(&rc->c, ret);
+    }
+    qp_sq_push(qp, rows, signal);
+    stats_add(&rc->c.stats.c.wrs_posted, (uint64_t)rows);
+    return 0;
+}
+
+/* Most clear-to-sends go unsignaled: fewer completions to reap on the critical path; a
+ * signaled one (a chain's last) retires every WR before it. */
+static bool cts_signal(const struct qp_ctx *qp, int rows) {
+    return qp->unsignaled + rows >= CTS_SIGNAL_EVERY;
 }
 
 /* Posts the writes of FIFO slots [first, first + count) as one chain: the first entries of
  * every slot, then each further buffer row that some slot in the range uses. */
 static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) {
     struct qp_ctx *qp = &rc->c.qps[CTS_QP];
-    struct ibv_send_wr wrs[ERDMA_MAX_RECVS], *bad;
+    struct ibv_send_wr wrs[ERDMA_MAX_RECVS];
     struct ibv_sge sges[ERDMA_MAX_RECVS];
     int rows = 1;
     for (uint32_t k = 0; k < count; k++) { /* our copies: the peer's key does not reach them */
@@ -360,63 +393,27 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
         if (n > rows) rows = n;
     }
     uint32_t len = count * (uint32_t)sizeof(struct wire_cts);
-    /* most clear-to-sends go unsignaled: fewer completions to reap on the critical path; a
-     * signaled one (the chain's last) retires every WR before it */
-    bool signal = qp->unsignaled + rows >= CTS_SIGNAL_EVERY;
+    bool signal = cts_signal(qp, rows);
     for (int r = 0; r < rows; r++) {
-        bool sig = signal && r == rows - 1;
-        size_t at = cts_index(first, r);
-        sges[r] = (struct ibv_sge){
-            .addr = (uintptr_t)&rc->cts[at], .length = len, .lkey = rc->c.ctrl_mr->lkey};
-        wrs[r] = (struct ibv_send_wr){
-            .wr_id = wr_id(WR_CTS, CTS_QP, first),
-            .next = r + 1 < rows ? &wrs[r + 1] : NULL,
-            .sg_list = &sges[r],
-            .num_sge = 1,
-            .opcode = IBV_WR_RDMA_WRITE,
-            .send_flags = (sig ? IBV_SEND_SIGNALED : 0) |
-                          (rc->c.inline_cts && (int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
-            .wr.rdma = {.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts),
-                        .rkey = rc->c.remote_ctrl_rkey},
-        };
+        cts_row(rc, qp, first, r, len, signal && r == rows - 1, &wrs[r], &sges[r]);
+        if (r > 0) wrs[r - 1].next = &wrs[r];
     }
-    int ret = post_send(&rc->c, qp->qp, wrs, &bad);
-    if (ret) return cts_post_failed(rc, qp, ret);
-    qp_sq_push(qp, rows, signal);
-    stats_add(&rc->c.stats.c.wrs_posted, (uint64_t)rows);
-    return 0;
+    return cts_post_chain(rc, qp, wrs, rows, signal);
 }
 
-/* The common clear-to-send: a single-buffer receive with none held before it. The one work
- * request cts_post_range would build for it, without that function's loops and arrays. */
-static int cts_post_one(struct recv_comm *rc, uint32_t idx) {
+/* The common clear-to-send, one slot of one buffer: its one write, without the range's loops
+ * and arrays. */
+static inline int cts_post_one(struct recv_comm *rc, uint32_t slot) {
     struct qp_ctx *qp = &rc->c.qps[CTS_QP];
-    bool signal = qp->unsignaled + 1 >= CTS_SIGNAL_EVERY;
-    /* entry 0 of slot idx: cts_index(idx, 0) == idx */
-    struct ibv_sge sge = {.addr = (uintptr_t)&rc->cts[idx],
-                          .length = sizeof(struct wire_cts),
-                          .lkey = rc->c.ctrl_mr->lkey};
-    bool inl = rc->c.inline_cts && (int)sizeof(struct wire_cts) <= qp->max_inline;
-    struct ibv_send_wr *bad;
-    struct ibv_send_wr wr = {
-        .wr_id = wr_id(WR_CTS, CTS_QP, idx),
-        .sg_list = &sge,
-        .num_sge = 1,
-        .opcode = IBV_WR_RDMA_WRITE,
-        .send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (inl ? IBV_SEND_INLINE : 0),
-        .wr.rdma = {.remote_addr = rc->c.remote_ctrl_addr + idx * sizeof(struct wire_cts),
-                    .rkey = rc->c.remote_ctrl_rkey},
-    };
-    int ret = post_send(&rc->c, qp->qp, &wr, &bad);
-    if (ret) return cts_post_failed(rc, qp, ret);
-    qp_sq_push(qp, 1, signal);
-    stats_add(&rc->c.stats.c.wrs_posted, 1);
-    rc->cts_seq++;
-    return 0;
+    struct ibv_send_wr wr;
+    struct ibv_sge sge;
+    bool signal = cts_signal(qp, 1);
+    cts_row(rc, qp, slot, 0, sizeof(struct wire_cts), signal, &wr, &sge);
+    return cts_post_chain(rc, qp, &wr, 1, signal);
 }
 
 /* Writes every clear-to-send not yet posted: one chain per contiguous run of FIFO slots. */
-static int cts_flush(struct recv_comm *rc) {
+static __attribute__((noinline)) int cts_flush_runs(struct recv_comm *rc) {
     while (rc->cts_seq != rc->seq) {
         uint32_t first = rc->cts_seq % ERDMA_FIFO_DEPTH, count = rc->seq - rc->cts_seq;
         if (first + count > ERDMA_FIFO_DEPTH) count = ERDMA_FIFO_DEPTH - first; /* wraps */
@@ -425,6 +422,17 @@ static int cts_flush(struct recv_comm *rc) {
         rc->cts_seq += count;
     }
     return 0;
+}
+
+/* The same, with the common case first: one slot of one buffer waits (each receive's own
+ * clear-to-send when none are held), posted as its one write. */
+static inline int cts_flush(struct recv_comm *rc) {
+    uint32_t first = rc->cts_seq % ERDMA_FIFO_DEPTH;
+    if (rc->seq - rc->cts_seq != 1 || rc->cts[cts_index(first, 0)].nreqs != 1)
+        return cts_flush_runs(rc);
+    int ret = cts_post_one(rc, first);
+    if (!ret) rc->cts_seq++;
+    return ret;
 }
 
 /* Two chains at most (the FIFO wraps once); the margin also covers unsignaled ones. */
@@ -999,9 +1007,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     *request = req;
     if (prof_on()) recv_prof_start(rc, idx, n, sizes, phandles);
     if (++rc->post_qp == rc->c.nqps) rc->post_qp = 0;
-    int ret = 0;
-    if (!cts_may_wait(rc, total))
-        ret = n == 1 && rc->cts_seq + 1 == rc->seq ? cts_post_one(rc, idx) : cts_flush(rc);
+    int ret = cts_may_wait(rc, total) ? 0 : cts_flush(rc);
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;
 }

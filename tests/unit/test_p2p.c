@@ -424,7 +424,7 @@ static void refused_post_case(int nbufs, bool refuse_send) {
             sreq = NULL;
         }
         for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++) {
-            if (!ret) fake_fail_next_post(ENOMEM); /* armed for the post, not for a poll */
+            fake_fail_next_post(ENOMEM); /* armed again: a call that posts nothing leaves it */
             ret = erdma_isend(p.sc, src, 256, tags[nbufs - 1], smh, NULL, &sreq);
         }
         fake_fail_next_post(0);
