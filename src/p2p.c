@@ -273,17 +273,26 @@ static inline void recv_finish(struct recv_comm *rc, struct recv_slot *slot,
     if (prof_on()) recv_prof_stop(rc, seq % ERDMA_FIFO_DEPTH, req->n);
 }
 
-static __attribute__((cold, noinline)) void recv_slot_missing(struct recv_comm *rc, uint32_t seq) {
-    WARN("%s: completion for sequence %u from %s matches no posted receive", rc->c.base.dev->name,
-         seq, rc->c.peer);
+static __attribute__((cold, noinline)) void recv_slot_missing(struct recv_comm *rc, uint32_t seq,
+                                                              bool posted) {
+    if (posted)
+        WARN("%s: completion for receive %u from %s arrived before its clear-to-send was sent "
+             "(a peer that writes where it was not invited)",
+             rc->c.base.dev->name, seq, rc->c.peer);
+    else
+        WARN("%s: completion for sequence %u from %s matches no posted receive",
+             rc->c.base.dev->name, seq, rc->c.peer);
     conn_fail(&rc->c, -EPROTO);
 }
 
-/* The slot of sequence seq, or NULL (and the connection failed) when no receive waits there. */
+/* The slot of sequence seq, or NULL (and the connection failed) when no receive waits there,
+ * or its clear-to-send is still held: a sender cannot have written into it (and counting it
+ * as arrived would make cts_held wrap, so held ones would never be flushed). */
 static inline struct recv_slot *recv_slot_of(struct recv_comm *rc, uint32_t seq) {
     struct recv_slot *slot = &rc->slots[seq % ERDMA_FIFO_DEPTH];
-    if (slot->req && slot->seq == seq) return slot;
-    recv_slot_missing(rc, seq);
+    bool posted = slot->req && slot->seq == seq;
+    if (posted && (int32_t)(seq - rc->cts_seq) < 0) return slot;
+    recv_slot_missing(rc, seq, posted);
     return NULL;
 }
 
@@ -902,9 +911,17 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     }
     for (int i = 1; i < n; i++)
         if (fifo_entry(sc, idx, i)->seq != want) return 0; /* rest of the entry still in flight */
+    if (n > 1) __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* and read those rows after their seq */
 
     struct send_slot *slot = &sc->slots[idx];
     if (slot->seq != sc->fifo_seq || !slot->matched) {
+        /* The message that used this slot FIFO_DEPTH ago landed (its receive was posted
+         * again), but its writes' completions may not have reached us: they name the slot,
+         * so it is not taken over before them. Not an error: the caller tries again. */
+        if (slot->pending > 0) {
+            int ret = conn_progress(&sc->c);
+            if (ret || slot->pending > 0) return ret;
+        }
         /* a fresh slot: only what its n buffers use is cleared (the hot path) */
         slot->seq = sc->fifo_seq;
         slot->n = n;

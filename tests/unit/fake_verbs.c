@@ -55,6 +55,7 @@ struct fake_cq {
     struct fake_qp **owner;
     int cap, alloc, head, count;
     bool overflowed;
+    bool held; /* fake_cq_hold: completions wait, as when the peer's ACKs are late */
 };
 
 struct fake_recv {
@@ -316,7 +317,7 @@ static int f_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
         return -EIO;
     }
     int got = 0;
-    while (got < n && c->count > 0) {
+    while (got < n && c->count > 0 && !c->held) {
         wc[got++] = c->ring[c->head];
         if (c->owner[c->head]) c->owner[c->head]->released = c->release[c->head];
         c->head = (c->head + 1) % c->alloc;
@@ -808,6 +809,12 @@ int fake_recv_posted(struct ibv_qp *qp) {
 
 int fake_cq_pending(struct ibv_cq *cq) {
     return ((struct fake_cq *)cq)->count;
+}
+
+void fake_cq_hold(struct ibv_cq *cq, bool hold) {
+    pthread_mutex_lock(&lock);
+    ((struct fake_cq *)cq)->held = hold;
+    pthread_mutex_unlock(&lock);
 }
 
 bool fake_cq_overflowed(struct ibv_cq *cq) {

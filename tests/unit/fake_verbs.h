@@ -58,6 +58,8 @@ int fake_recv_posted(struct ibv_qp *qp);
 /* Completions waiting in cq; whether it ever overflowed. */
 int fake_cq_pending(struct ibv_cq *cq);
 bool fake_cq_overflowed(struct ibv_cq *cq);
+/* While held, polls of cq find nothing and its completions wait (a peer whose ACKs are late). */
+void fake_cq_hold(struct ibv_cq *cq, bool hold);
 /* Errors a NIC would have refused at post time (bad inline size, SQ overflow...). */
 int fake_post_errors(void);
 /* Makes [addr, addr+len) GPU memory as the CPU sees it: the fake NIC still reads and writes

@@ -269,6 +269,64 @@ static volatile struct wire_cts *slot0(struct pair *p) {
 
 /* Once the first isend fixed the slot at 3 buffers, the peer says 2: the old code posted
  * the slot with its third entry unmatched and dereferenced its NULL request on completion. */
+/* A FIFO slot is used again 32 messages later. The receiver may post that receive as soon as
+ * the old message landed, while the sender has not yet seen the old write's completion (its
+ * ACK is late, or the caller has not tested): the slot must not be taken over until then,
+ * or the old completion would complete the new send before its data left, and the old
+ * request would never complete. As net_ib: a send that cannot start yet returns NULL. */
+static void test_slot_reused_after_its_completion(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    enum { N = ERDMA_FIFO_DEPTH };
+    static char src[N + 1][64], dst[N + 1][64];
+    void *smh = reg(p.sc, src, sizeof(src)), *rmh = reg(p.rc, dst, sizeof(dst));
+    void *rreq[N + 1], *sreq[N + 1];
+    int got[1];
+    for (int k = 0; k < N; k++) {
+        void *data[1] = {dst[k]}, *mhs[1] = {rmh};
+        size_t sizes[1] = {64};
+        int tags[1] = {k};
+        rreq[k] = sreq[k] = NULL;
+        assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq[k]), 0);
+        assert_non_null(rreq[k]);
+    }
+    fake_cq_hold(p.sc->c.cq, true); /* the sender sees none of its completions yet */
+    for (int k = 0; k < N; k++) {
+        memset(src[k], 'A' + k, 64);
+        assert_int_equal(erdma_isend(p.sc, src[k], 64, k, smh, NULL, &sreq[k]), 0);
+        assert_non_null(sreq[k]);
+    }
+    /* message 0 landed: its receive is done, and the next one takes its slot */
+    assert_int_equal(wait_req(rreq[0], got), 1);
+    void *data[1] = {dst[N]}, *mhs[1] = {rmh};
+    size_t sizes[1] = {64};
+    int tags[1] = {100};
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq[N]), 0);
+    assert_non_null(rreq[N]);
+    memset(src[N], 'z', 64);
+    for (int i = 0; i < 3; i++) { /* slot 0's write is not complete: try again, not an error */
+        sreq[N] = (void *)1;
+        assert_int_equal(erdma_isend(p.sc, src[N], 64, 100, smh, NULL, &sreq[N]), 0);
+        assert_null(sreq[N]);
+    }
+    fake_cq_hold(p.sc->c.cq, false);
+    for (int i = 0; i < POLL_LIMIT && !sreq[N]; i++)
+        assert_int_equal(erdma_isend(p.sc, src[N], 64, 100, smh, NULL, &sreq[N]), 0);
+    assert_non_null(sreq[N]);
+    for (int k = 0; k <= N; k++) { /* every send completes, each once */
+        assert_int_equal(wait_req(sreq[k], NULL), 1);
+        if (k > 0) {
+            assert_int_equal(wait_req(rreq[k], got), 1);
+            assert_int_equal(got[0], 64);
+        }
+        assert_int_equal(dst[k][63], k < N ? 'A' + k : 'z');
+    }
+    assert_int_equal(p.sc->c.error, 0);
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    close_pair(&p);
+}
+
 static void test_peer_lowers_nreqs(void **state) {
     struct pair p;
     struct multi m;
@@ -515,6 +573,43 @@ static void test_peer_record_bad_seq(void **state) {
 static void test_peer_send_in_imm_mode(void **state) {
     struct wire_record r = {.seq = 0, .n = 1, .sizes = {10}};
     hostile_recv_case_err(IBV_WC_RECV, 0, &r, sizeof(r), NULL, -EREMOTEIO, "receive on QP");
+}
+
+/* With clear-to-sends batched, a receive can be posted while its clear-to-send is still held:
+ * a peer that writes into it anyway was not invited. It fails the connection, as a write
+ * into no receive does; counted as an arrival it made the held count wrap, and progress
+ * then never wrote the held clear-to-sends (a stall with a live peer). */
+static int setup_cts_batch(void **state) {
+    const char *env[] = {"NCCL_ERDMA_CTS_BATCH=8", NULL};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    return 0;
+}
+
+static void test_peer_writes_before_its_cts(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    enum { N = 4 };
+    static char dst[N][64];
+    void *rmh = reg(p.rc, dst, sizeof(dst)), *rreq[N];
+    for (int k = 0; k < N; k++) {
+        void *data[1] = {dst[k]}, *mhs[1] = {rmh};
+        size_t sizes[1] = {64};
+        int tags[1] = {k};
+        assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq[k]), 0);
+        assert_non_null(rreq[k]);
+    }
+    uint32_t sent = p.rc->cts_seq; /* the first ones went out, the rest are held */
+    assert_true(sent >= 1 && sent < N);
+    unit_log_count = 0;
+    for (uint32_t k = 0; k <= sent; k++) /* one more than invited: all land in one poll */
+        assert_int_equal(fake_inject_recv(p.rc->c.qps[0].qp, IBV_WC_RECV_RDMA_WITH_IMM, 8, NULL, 0),
+                         0);
+    for (uint32_t k = 0; k < sent; k++)
+        assert_int_equal(wait_req(rreq[k], NULL), 1);
+    expect_recv_fails(&p, rreq[sent], -EPROTO, "before its clear-to-send was sent");
+    erdma_dereg_mr(p.rc, rmh);
+    close_pair(&p);
 }
 
 static int setup_send_mode(void **state) {
@@ -976,6 +1071,8 @@ int main(void) {
                                         teardown_env),
         cmocka_unit_test_setup_teardown(test_receives_posted_again, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_longest_in_flight_counted, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_slot_reused_after_its_completion, setup_one,
+                                        teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_lowers_nreqs, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_raises_nreqs, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_max_msg_tiny, setup_tiny_msg_peer, teardown_env),
@@ -987,6 +1084,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_peer_record_bad_count, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_record_bad_seq, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_send_in_imm_mode, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_writes_before_its_cts, setup_cts_batch,
+                                        teardown_env),
         cmocka_unit_test_setup_teardown(test_send_mode_roundtrip_and_hostile_ring, setup_send_mode,
                                         teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_fifo_fields, setup_one, teardown_env),
