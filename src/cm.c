@@ -353,6 +353,21 @@ static bool flush_request_is_ours(struct recv_comm *rc, struct rdma_cm_event *ev
            from->sin_port == vb.cm_get_src_port(rc->flush_qp.cm_id);
 }
 
+/* The loopback's active end: a new id, resolving its way to the flush listener. It is
+ * flush_qp's id from now on (released with it whatever happens next). */
+static int flush_connect_start(struct recv_comm *rc) {
+    struct sockaddr_in src = rc->c.base.dev->ip, dst;
+    struct rdma_cm_id *active;
+    src.sin_port = 0;
+    dst = src;
+    dst.sin_port = vb.cm_get_src_port(rc->flush_listen);
+    if (vb.cm_create_id(rc->flush_ch, &active, NULL, RDMA_PS_TCP)) return errno ? -errno : -EINVAL;
+    rc->flush_qp.cm_id = active;
+    if (vb.cm_resolve_addr(active, (struct sockaddr *)&src, (struct sockaddr *)&dst, CM_RESOLVE_MS))
+        return errno ? -errno : -EINVAL;
+    return 0;
+}
+
 static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, struct rdma_cm_id **drop) {
     struct conn *c = &rc->c;
     struct rdma_conn_param param;
@@ -364,7 +379,18 @@ static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, struct rd
     case RDMA_CM_EVENT_ROUTE_RESOLVED:
         ret = cm_create_qp(ev->id, c, false, &rc->flush_qp);
         conn_param(&param, NULL);
-        if (!ret && cm_connect_quiet(c->base.dev, ev->id, &param, false)) ret = -errno;
+        if (!ret && cm_connect_quiet(c->base.dev, ev->id, &param, false)) {
+            ret = -errno;
+            /* the port rdma_cm chose is held by a TCP socket (iWARP): new id, new port, as
+             * the sender's connect does; this one goes once its event is acked */
+            if (ret == -EADDRINUSE && ++rc->flush_retries <= CM_PORT_RETRIES) {
+                vb.cm_destroy_qp(ev->id);
+                rc->flush_qp.qp = NULL;
+                rc->flush_qp.cm_id = NULL;
+                *drop = ev->id;
+                ret = flush_connect_start(rc);
+            }
+        }
         break;
     case RDMA_CM_EVENT_CONNECT_REQUEST:
         if (!flush_request_is_ours(rc, ev)) {
@@ -399,25 +425,25 @@ static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, struct rd
 int cm_flush_start(struct recv_comm *rc) {
     struct erdma_device *dev = rc->c.base.dev;
     struct sockaddr_in addr = dev->ip;
-    struct rdma_cm_id *active;
     int ret = cm_channel_open(&rc->flush_ch);
     if (ret) return ret;
     addr.sin_port = 0;
-    if (vb.cm_create_id(rc->flush_ch, &rc->flush_listen, NULL, RDMA_PS_TCP) ||
-        vb.cm_bind_addr(rc->flush_listen, (struct sockaddr *)&addr) ||
-        vb.cm_listen(rc->flush_listen, FLUSH_BACKLOG) ||
-        vb.cm_create_id(rc->flush_ch, &active, NULL, RDMA_PS_TCP))
-        goto err_errno;
-    rc->flush_qp.cm_id = active;
-    struct sockaddr_in dst = addr;
-    dst.sin_port = vb.cm_get_src_port(rc->flush_listen);
-    if (vb.cm_resolve_addr(active, (struct sockaddr *)&addr, (struct sockaddr *)&dst,
-                           CM_RESOLVE_MS))
-        goto err_errno;
+    /* a port held by a TCP socket fails the listen with EADDRINUSE on iWARP (as cm_listen) */
+    for (int attempt = 0;; attempt++) {
+        if (vb.cm_create_id(rc->flush_ch, &rc->flush_listen, NULL, RDMA_PS_TCP) == 0 &&
+            vb.cm_bind_addr(rc->flush_listen, (struct sockaddr *)&addr) == 0 &&
+            vb.cm_listen(rc->flush_listen, FLUSH_BACKLOG) == 0)
+            break;
+        ret = errno ? -errno : -EINVAL;
+        if (rc->flush_listen) vb.cm_destroy_id(rc->flush_listen);
+        rc->flush_listen = NULL;
+        if (ret != -EADDRINUSE || attempt >= CM_PORT_RETRIES) goto err;
+    }
     rc->flush_up = 0;
-    return 0;
-err_errno:
-    ret = errno ? -errno : -EINVAL;
+    rc->flush_retries = 0;
+    ret = flush_connect_start(rc);
+    if (!ret) return 0;
+err:
     WARN("%s: cannot set up the flush loopback through rdma_cm: %s", dev->name, strerror(-ret));
     return ret;
 }

@@ -171,7 +171,8 @@ struct recv_comm {
     struct qp_ctx flush_peer;
     struct rdma_cm_id *flush_listen;
     struct rdma_event_channel *flush_ch;
-    int flush_up; /* rdma_cm loopback: ends established (2 = ready) */
+    int flush_up;      /* rdma_cm loopback: ends established (2 = ready) */
+    int flush_retries; /* rdma_cm loopback: connects given up for a port already taken */
     struct erdma_request reqs[ERDMA_RECV_REQS];
     int req_next;                                                    /* as the sender's */
     void *prof_ev[ERDMA_FIFO_DEPTH][ERDMA_MAX_RECVS][ERDMA_MAX_QPS]; /* as the sender's */

@@ -11,7 +11,8 @@
  * come, from a sender that is gone. CM_SHIM_DIE_IN=warmup_disconnect loses them the same way
  * but, at the second, disconnects its rdma_cm ids and hangs with its socket open: the
  * receiver sees the rdma_cm disconnect first, as it now and then does when a killed sender's
- * DREQ overtakes its socket's end.
+ * DREQ overtakes its socket's end. cm_shim_port_taken() makes listens and connects fail as
+ * when rdma_cm picks a port a TCP socket holds.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -71,7 +72,6 @@ FORWARD(int, rdma_resolve_addr,
         (id, src, dst, ms))
 FORWARD(int, rdma_resolve_route, (struct rdma_cm_id * id, int ms), (id, ms))
 FORWARD(void, rdma_destroy_qp, (struct rdma_cm_id * id), (id))
-FORWARD(int, rdma_connect, (struct rdma_cm_id * id, struct rdma_conn_param *p), (id, p))
 FORWARD(int, rdma_accept, (struct rdma_cm_id * id, struct rdma_conn_param *p), (id, p))
 FORWARD(int, rdma_reject, (struct rdma_cm_id * id, const void *d, uint8_t len), (id, d, len))
 FORWARD(int, rdma_disconnect, (struct rdma_cm_id * id), (id))
@@ -129,10 +129,41 @@ int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_
     return ret;
 }
 
+/* cm_shim_port_taken(listens, connects): the next `listens` rdma_listen and `connects`
+ * rdma_connect calls fail with EADDRINUSE without reaching librdmacm, as on siw when the port
+ * rdma_cm chose is held by a TCP socket. cm_shim_port_taken_left() counts those not used. */
+static int listens_refused, connects_refused;
+void cm_shim_port_taken(int listens, int connects); /* dlsym()ed by the test */
+void cm_shim_port_taken(int listens, int connects) {
+    listens_refused = listens;
+    connects_refused = connects;
+}
+int cm_shim_port_taken_left(void);
+int cm_shim_port_taken_left(void) {
+    return listens_refused + connects_refused;
+}
+
+int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p) {
+    static int (*f)(struct rdma_cm_id *, struct rdma_conn_param *);
+    maybe_die("rdma_connect");
+    if (!f) *(void **)&f = real("rdma_connect");
+    if (connects_refused > 0) {
+        connects_refused--;
+        errno = EADDRINUSE;
+        return -1;
+    }
+    return f(id, p);
+}
+
 int rdma_listen(struct rdma_cm_id *id, int backlog) {
     static int (*f)(struct rdma_cm_id *, int);
     maybe_die("rdma_listen");
     if (!f) *(void **)&f = real("rdma_listen");
+    if (listens_refused > 0) {
+        listens_refused--;
+        errno = EADDRINUSE;
+        return -1;
+    }
     int ret = f(id, backlog);
     if (ret == 0 && hook) hook(id, backlog, hook_arg);
     return ret;

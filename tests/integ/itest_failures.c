@@ -1940,6 +1940,41 @@ static int flush_local_stranger_recv(struct duo *d, void *arg) {
     return flush_stranger_recv_from(d, arg, true);
 }
 
+/* The flush loopback's ports: rdma_cm picks them without asking TCP, and on siw a port some
+ * TCP socket holds fails rdma_listen or rdma_connect with EADDRINUSE (see raw_connect). The
+ * receiver loads librdmacm through the shim, which refuses the flush listener's first listen
+ * and the loopback's first connect that way: accept must take new ports, as the listen comm
+ * and the sender's connect do, and the loopback must then flush. */
+static int flush_port_taken_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    const char *path = getenv("ITEST_CM_SHIM");
+    CHECK(path != NULL); /* set by CMake: the case cannot run without it */
+    setenv("NCCL_ERDMA_RDMACM_LIB", path, 1);
+    void *shim = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    CHECK(shim != NULL);
+    void (*port_taken)(int, int) = (void (*)(int, int))dlsym(shim, "cm_shim_port_taken");
+    int (*left)(void) = (int (*)(void))dlsym(shim, "cm_shim_port_taken_left");
+    CHECK(port_taken != NULL && left != NULL);
+    struct netapi n;
+    void *lc, *comm;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    port_taken(1, 1); /* the next listen is the flush listener's, the next connect its peer's */
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    int accepted = net_accept(&n, lc, &comm, TMO) == 0;
+    int unused = left();
+    port_taken(0, 0);
+    if (!accepted) fprintf(stderr, "log:\n%s", log_text());
+    figure("flush loopback on %s with its first listen and connect refused (port taken): %s",
+           c->dev, accepted ? "accepted" : "FAILED");
+    CHECK(accepted);
+    CHECK(unused == 0); /* both refusals reached the plugin */
+    CHECK(loopback_receive_and_flush(d, &n, comm, lc) == 0);
+    net_close(&n);
+    return 0;
+}
+
 /* ------------------------------------------------------------ scenario: resource hygiene */
 struct usage {
     int fds;
@@ -2460,6 +2495,8 @@ static const struct scenario scenarios[] = {
      flush_listener_send, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
     {"input/local_stranger_at_flush_listener_during_setup", RUN_DUO, flush_local_stranger_recv,
      flush_listener_send, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
+    {"input/flush_loopback_port_taken", RUN_DUO, flush_port_taken_recv, flush_listener_send,
+     "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
     {"input/regmr_unmapped", RUN_SOLO, regmr_bad_main, NULL, NULL},
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
