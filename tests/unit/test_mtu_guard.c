@@ -126,6 +126,18 @@ static void test_disable_ll128_sets_proto(void **state) {
     assert_non_null(strstr(warnings, "set NCCL_PROTO=^LL128"));
 }
 
+/* NCCL_PROTO= (set, empty: what a job template leaves) means NCCL's defaults, LL128 included
+ * (its parser reads no token). It counts as unset: the exclusion must replace it, and the
+ * log must not claim an exclusion the environment does not hold. */
+static void test_disable_ll128_replaces_empty_proto(void **state) {
+    env_setup("disable-ll128", "");
+    const char *nds[] = {"eth1500"};
+    assert_int_equal(mtu_guard_check(nds, 1, MTU_GUARD_DISABLE_LL128), 1);
+    assert_non_null(getenv("NCCL_PROTO"));
+    assert_string_equal(getenv("NCCL_PROTO"), "^LL128");
+    assert_non_null(strstr(warnings, "set NCCL_PROTO=^LL128"));
+}
+
 static void test_disable_ll128_keeps_user_proto(void **state) {
     env_setup("disable-ll128", "LL128,Simple");
     const char *nds[] = {"eth1500"};
@@ -166,6 +178,7 @@ int main(void) {
         cmocka_unit_test(test_jumbo_9000_is_unsafe),
         cmocka_unit_test(test_proto_excluding_ll128_silences),
         cmocka_unit_test(test_disable_ll128_sets_proto),
+        cmocka_unit_test(test_disable_ll128_replaces_empty_proto),
         cmocka_unit_test(test_disable_ll128_keeps_user_proto),
         cmocka_unit_test(test_off_checks_nothing),
         cmocka_unit_test(test_unreadable_mtu_warns),
