@@ -57,6 +57,11 @@ static void warn_reg_failure(struct mr_cache *c, void *data, size_t size, int ty
     if (type == NCCL_PTR_CUDA)
         hint = "GPU memory registers through peer memory: load nvidia_peermem (modprobe "
                "nvidia_peermem) on the node";
+    else if (type == NCCL_PTR_DMABUF) /* pinned by its exporter: memlock does not apply */
+        hint = err == EBADF ? "the dma-buf file descriptor is not open (closed too early?)"
+                            : "the GPU driver refused to export or map this dma-buf: check that "
+                              "CUDA can export it (or set NCCL_DMABUF_ENABLE=0 to use peer "
+                              "memory) and dmesg for the driver's reason";
     else if ((err == ENOMEM || err == EPERM || err == EAGAIN) && strcmp(lim, "unlimited"))
         hint = "the locked-memory limit is too low: run with `ulimit -l unlimited` (in Kubernetes "
                "give the container IPC_LOCK and SYS_RESOURCE, or raise memlock in the runtime)";
@@ -65,7 +70,11 @@ static void warn_reg_failure(struct mr_cache *c, void *data, size_t size, int ty
     else
         hint = "check dmesg for the RDMA driver's reason";
     WARN("%s: cannot register %p+%zu (%s memory): %s (memlock limit %s). %s", c->dev->name, data,
-         size, type == NCCL_PTR_CUDA ? "GPU" : "host", strerror(err), lim, hint);
+         size,
+         type == NCCL_PTR_CUDA     ? "GPU"
+         : type == NCCL_PTR_DMABUF ? "GPU dma-buf"
+                                   : "host",
+         strerror(err), lim, hint);
 }
 
 int mr_cache_get(struct mr_cache *c, void *data, size_t size, int type, struct erdma_mr **out) {

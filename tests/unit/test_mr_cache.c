@@ -166,6 +166,13 @@ static void test_dmabuf_only_device(void **state) {
     unit_log_count = 0;
     assert_int_equal(erdma_reg_mr(s, buf, 8192, NCCL_PTR_CUDA, &mh), -EINVAL);
     assert_logged(NCCL_LOG_WARN, "fake0", "only as a dma-buf (regMrDmaBuf)");
+    /* a closed descriptor: said as GPU dma-buf memory, with no memlock advice (the exporter
+     * pins it; the locked-memory limit does not apply) */
+    unit_log_count = 0;
+    assert_int_equal(erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, -1, &mh), -EBADF);
+    assert_logged(NCCL_LOG_WARN, "fake0", "(GPU dma-buf memory)");
+    assert_logged(NCCL_LOG_WARN, "fake0", "file descriptor is not open");
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, "ulimit"));
     assert_int_equal(erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, 3, &mh), 0);
     assert_int_equal(erdma_dereg_mr(s, mh), 0);
     assert_int_equal(erdma_close_send(s), 0);
