@@ -126,14 +126,30 @@ void params_dump(void) {
     }
 }
 
+/* A table cell's text: a bare | would end the cell (the rest of it is lost when rendered),
+ * and <dev> would read as an HTML tag outside code; both are escaped. */
+static void markdown_cell(FILE *out, const char *text) {
+    bool code = false;
+    for (const char *p = text; *p; p++) {
+        if (*p == '`') code = !code;
+        if (*p == '|')
+            fputs("\\|", out);
+        else if ((*p == '<' || *p == '>') && !code)
+            fputs(*p == '<' ? "&lt;" : "&gt;", out);
+        else
+            fputc(*p, out);
+    }
+}
+
 void params_write_markdown(FILE *out) {
     fprintf(out, "| variable | default | meaning |\n| --- | --- | --- |\n");
     for (int id = 0; id < PARAM_COUNT; id++) {
         const struct param_spec *sp = &specs[id];
         if (sp->type == PT_INT)
-            fprintf(out, "| `%s` | `%ld` | %s |\n", sp->name, sp->def, sp->doc);
+            fprintf(out, "| `%s` | `%ld` | ", sp->name, sp->def);
         else
-            fprintf(out, "| `%s` | `%s` | %s |\n", sp->name, *sp->def_str ? sp->def_str : "(unset)",
-                    sp->doc);
+            fprintf(out, "| `%s` | `%s` | ", sp->name, *sp->def_str ? sp->def_str : "(unset)");
+        markdown_cell(out, sp->doc);
+        fputs(" |\n", out);
     }
 }

@@ -218,6 +218,16 @@ static void test_markdown_lists_every_parameter(void **state) {
     assert_non_null(strstr(buf, "| `NCCL_IB_TIMEOUT` | `20` |"));
     assert_non_null(strstr(buf, "| `NCCL_IB_HCA` | `(unset)` |"));
     assert_non_null(strstr(buf, "| `NCCL_ERDMA_CONNECT_MODE` | `auto` |"));
+    /* a doc's own | and < would end the cell or open a tag when the table is rendered */
+    assert_non_null(strstr(buf, "auto \\| gid (RoCE GID exchange) \\| rdmacm"));
+    assert_non_null(strstr(buf, "/sys/class/infiniband/&lt;dev&gt;/device"));
+    assert_null(strstr(buf, "open )"));
+    for (const char *row = strstr(buf, "\n| `"); row; row = strstr(row + 1, "\n| `")) {
+        int bars = 0; /* exactly the four that delimit three cells */
+        for (const char *q = row + 1; *q && *q != '\n'; q++)
+            bars += *q == '|' && q[-1] != '\\';
+        assert_int_equal(bars, 4);
+    }
     free(buf);
 }
 
