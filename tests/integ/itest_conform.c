@@ -199,6 +199,81 @@ static int spin_case(struct duo *d, void *arg) {
     return 0;
 }
 
+/* ------------------------------------------------------------ case: sends tested late
+ * net_ib: a send's completion names its request, so sends complete once each however late
+ * the caller tests them. Here a completion names a FIFO slot, and the slot comes round again
+ * 32 messages later: both ranks send 32 without testing any, take each arrival and post the
+ * receive that reuses its slot at once, wait until those clear-to-sends have landed, then
+ * send 32 more into the same slots, the first 32 still untested. An isend whose slot still
+ * waits for the old completion must return NULL (try again) and every send must complete
+ * once, each receive getting its own bytes. */
+#define LATE_MSGS 32
+#define LATE_SIZE 4096
+static int late_case(struct duo *d, void *arg) {
+    struct run *r = arg;
+    int role = d->is_child;
+    struct netapi n;
+    struct link L;
+    CHECK(net_open(&n, r->cfg.version, r->cfg.dev) == 0);
+    CHECK(link_open(&L, &n, n.dev, r->x, role, 0) == 0);
+    size_t bytes = (size_t)LATE_SIZE * 2 * LATE_MSGS;
+    uint8_t *sbuf = page_alloc(bytes), *rbuf = page_alloc(bytes);
+    void *smh, *rmh, *rreq[2 * LATE_MSGS], *sreq[2 * LATE_MSGS];
+    CHECK(net_regmr(&n, L.sc, sbuf, bytes, &smh) == 0);
+    CHECK(net_regmr(&n, L.rc, rbuf, bytes, &rmh) == 0);
+    memset(rbuf, CANARY, bytes);
+    for (int k = 0; k < 2 * LATE_MSGS; k++)
+        pattern_fill(sbuf + (size_t)k * LATE_SIZE, LATE_SIZE, (uint32_t)(k + role * 500));
+    for (int k = 0; k < LATE_MSGS; k++) {
+        void *data = rbuf + (size_t)k * LATE_SIZE;
+        size_t sz = LATE_SIZE;
+        int tag = k;
+        CHECK(net_irecv(&n, L.rc, 1, &data, &sz, &tag, &rmh, &rreq[k], TMO) == 0);
+    }
+    for (int k = 0; k < 2 * LATE_MSGS; k++) {
+        if (k == LATE_MSGS) { /* the first 32 landed both ways; their slots' next receives too */
+            for (int j = 0; j < LATE_MSGS; j++) {
+                int got = -1;
+                CHECK(net_wait(&n, rreq[j], &got, TMO) == 0);
+                CHECK(got == LATE_SIZE);
+                void *data = rbuf + (size_t)(LATE_MSGS + j) * LATE_SIZE;
+                size_t sz = LATE_SIZE;
+                int tag = LATE_MSGS + j;
+                CHECK(net_irecv(&n, L.rc, 1, &data, &sz, &tag, &rmh, &rreq[LATE_MSGS + j], TMO) ==
+                      0);
+            }
+            CHECK(duo_barrier(d) == 0);
+            usleep(200000); /* the peer's clear-to-sends and our first sends' ACKs are in */
+        }
+        double end = now_s() + TMO;
+        do {
+            CHECK(isend_once(&n, L.sc, sbuf + (size_t)k * LATE_SIZE, LATE_SIZE, k, smh, &sreq[k]) ==
+                  0);
+            CHECK(sreq[k] || now_s() < end);
+        } while (!sreq[k]);
+    }
+    for (int k = 0; k < 2 * LATE_MSGS; k++) {
+        int got = -1;
+        CHECK(net_wait(&n, sreq[k], &got, TMO) == 0);
+        CHECK(got == LATE_SIZE);
+    }
+    for (int k = LATE_MSGS; k < 2 * LATE_MSGS; k++) {
+        int got = -1;
+        CHECK(net_wait(&n, rreq[k], &got, TMO) == 0);
+        CHECK(got == LATE_SIZE);
+    }
+    for (int k = 0; k < 2 * LATE_MSGS; k++)
+        CHECK(pattern_check(rbuf + (size_t)k * LATE_SIZE, LATE_SIZE,
+                            (uint32_t)(k + (!role) * 500)) < 0);
+    CHECK(net_deregmr(&n, L.sc, smh) == 0);
+    CHECK(net_deregmr(&n, L.rc, rmh) == 0);
+    CHECK(link_close(&L) == 0);
+    free(sbuf);
+    free(rbuf);
+    net_close(&n);
+    return 0;
+}
+
 /* ------------------------------------------------------------ case: truncation
  * net_ib: ncclIbIsend truncates a send larger than the matched receive buffer to its size
  * (`if (size > slots[r].size) size = slots[r].size;`); the sender's test reports that size,
@@ -628,6 +703,10 @@ struct scenario {
 static const struct scenario scenarios[] = {
     {"spin_isend_without_test", spin_case,
      "a posted receive reaches the sender with no further call (irecv posts the CTS)", 1, false},
+    {"sends_tested_late", late_case,
+     "each send completes once however late it is tested; one whose FIFO slot still waits for "
+     "an earlier send's completion returns NULL (try again)",
+     1, false},
     {"send_larger_than_receive", trunc_case,
      "isend truncates to the receive's size; both tests report the bytes that landed", 1, false},
     {"out_of_order_tags", ooo_case,
