@@ -107,6 +107,25 @@ static void conn_param(struct rdma_conn_param *p, const struct wire_cm_private *
 }
 
 /* ------------------------------------------------------------ listener */
+/* A listening id on addr's address, at a port rdma_cm picks: 0 or -errno (*id NULL). On
+ * iWARP, rdma_cm picks the port without asking TCP, and the iWARP device then binds a
+ * kernel socket to it; a port still held by a TCP socket (TIME-WAIT) fails with EADDRINUSE.
+ * Another random port is the cure. */
+static int cm_listen_any_port(struct rdma_event_channel *ch, void *ctx,
+                              const struct sockaddr_in *addr, int backlog, struct rdma_cm_id **id) {
+    struct sockaddr_in a = *addr;
+    a.sin_port = 0;
+    for (int attempt = 0;; attempt++) {
+        if (vb.cm_create_id(ch, id, ctx, RDMA_PS_TCP) == 0 &&
+            vb.cm_bind_addr(*id, (struct sockaddr *)&a) == 0 && vb.cm_listen(*id, backlog) == 0)
+            return 0;
+        int rc = errno ? -errno : -EINVAL;
+        if (*id) vb.cm_destroy_id(*id);
+        *id = NULL;
+        if (rc != -EADDRINUSE || attempt >= CM_PORT_RETRIES) return rc;
+    }
+}
+
 int cm_listen(struct listen_comm *lc) {
     struct erdma_device *dev = lc->base.dev;
     int rc = cm_channel_open(&lc->cm_ch);
@@ -118,18 +137,8 @@ int cm_listen(struct listen_comm *lc) {
     }
     struct sockaddr_in addr = dev->ip;
     addr.sin_port = 0;
-    /* iWARP: rdma_cm picks the port without asking TCP, and the iWARP device then binds a
-     * kernel socket to it; a port still held by a TIME-WAIT socket fails with EADDRINUSE.
-     * Another random port is the cure. */
-    for (int attempt = 0;; attempt++) {
-        if (vb.cm_create_id(lc->cm_ch, &lc->cm_id, lc, RDMA_PS_TCP) == 0 &&
-            vb.cm_bind_addr(lc->cm_id, (struct sockaddr *)&addr) == 0 &&
-            vb.cm_listen(lc->cm_id, 128) == 0)
-            break;
-        rc = errno ? -errno : -EINVAL;
-        if (lc->cm_id) vb.cm_destroy_id(lc->cm_id);
-        lc->cm_id = NULL;
-        if (rc == -EADDRINUSE && attempt < CM_PORT_RETRIES) continue;
+    rc = cm_listen_any_port(lc->cm_ch, lc, &addr, 128, &lc->cm_id);
+    if (rc) {
         char a[64];
         oob_format(&addr, a, sizeof(a));
         WARN("%s: rdma_cm cannot listen on %s: %s", dev->name, a, strerror(-rc));
@@ -424,26 +433,15 @@ static int flush_event(struct recv_comm *rc, struct rdma_cm_event *ev, struct rd
 /* Starts the loopback; cm_flush_progress() finishes it, one non-blocking step per accept(). */
 int cm_flush_start(struct recv_comm *rc) {
     struct erdma_device *dev = rc->c.base.dev;
-    struct sockaddr_in addr = dev->ip;
     int ret = cm_channel_open(&rc->flush_ch);
     if (ret) return ret;
-    addr.sin_port = 0;
-    /* a port held by a TCP socket fails the listen with EADDRINUSE on iWARP (as cm_listen) */
-    for (int attempt = 0;; attempt++) {
-        if (vb.cm_create_id(rc->flush_ch, &rc->flush_listen, NULL, RDMA_PS_TCP) == 0 &&
-            vb.cm_bind_addr(rc->flush_listen, (struct sockaddr *)&addr) == 0 &&
-            vb.cm_listen(rc->flush_listen, FLUSH_BACKLOG) == 0)
-            break;
-        ret = errno ? -errno : -EINVAL;
-        if (rc->flush_listen) vb.cm_destroy_id(rc->flush_listen);
-        rc->flush_listen = NULL;
-        if (ret != -EADDRINUSE || attempt >= CM_PORT_RETRIES) goto err;
+    ret = cm_listen_any_port(rc->flush_ch, NULL, &dev->ip, FLUSH_BACKLOG, &rc->flush_listen);
+    if (!ret) {
+        rc->flush_up = 0;
+        rc->flush_retries = 0;
+        ret = flush_connect_start(rc);
     }
-    rc->flush_up = 0;
-    rc->flush_retries = 0;
-    ret = flush_connect_start(rc);
     if (!ret) return 0;
-err:
     WARN("%s: cannot set up the flush loopback through rdma_cm: %s", dev->name, strerror(-ret));
     return ret;
 }

@@ -50,12 +50,10 @@ static bool seen_before(const char *const *netdevs, int upto) {
 /* Sets NCCL_PROTO=^LL128 unless the user set NCCL_PROTO. NCCL reads NCCL_PROTO when it
  * tunes a communicator, which happens after the network plugin's init. An empty NCCL_PROTO
  * counts as unset (NCCL reads no token from it and keeps its defaults, LL128 included), so
- * it is replaced; and the exclusion is claimed only once the environment holds it. */
+ * it is overwritten: the exclusion is claimed only when setenv put it there. */
 static bool exclude_ll128(void) {
     if (param_is_set(P_NCCL_PROTO)) return false;
-    if (setenv("NCCL_PROTO", "^LL128", 1)) return false;
-    const char *now = getenv("NCCL_PROTO");
-    return now && !strcmp(now, "^LL128");
+    return setenv("NCCL_PROTO", "^LL128", 1) == 0;
 }
 
 int mtu_guard_check(const char *const *netdevs, int count, enum mtu_guard_mode mode) {

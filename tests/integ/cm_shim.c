@@ -143,15 +143,19 @@ int cm_shim_port_taken_left(void) {
     return listens_refused + connects_refused;
 }
 
+/* Uses one of *left refusals: true (errno EADDRINUSE) while some are left. */
+static bool port_taken(int *left) {
+    if (*left <= 0) return false;
+    (*left)--;
+    errno = EADDRINUSE;
+    return true;
+}
+
 int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p) {
     static int (*f)(struct rdma_cm_id *, struct rdma_conn_param *);
     maybe_die("rdma_connect");
     if (!f) *(void **)&f = real("rdma_connect");
-    if (connects_refused > 0) {
-        connects_refused--;
-        errno = EADDRINUSE;
-        return -1;
-    }
+    if (port_taken(&connects_refused)) return -1;
     return f(id, p);
 }
 
@@ -159,11 +163,7 @@ int rdma_listen(struct rdma_cm_id *id, int backlog) {
     static int (*f)(struct rdma_cm_id *, int);
     maybe_die("rdma_listen");
     if (!f) *(void **)&f = real("rdma_listen");
-    if (listens_refused > 0) {
-        listens_refused--;
-        errno = EADDRINUSE;
-        return -1;
-    }
+    if (port_taken(&listens_refused)) return -1;
     int ret = f(id, backlog);
     if (ret == 0 && hook) hook(id, backlog, hook_arg);
     return ret;
