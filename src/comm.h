@@ -19,6 +19,9 @@ enum comm_kind { COMM_LISTEN = 0x4c49534e, COMM_SEND = 0x53454e44, COMM_RECV = 0
 #define ERDMA_RQ_DEPTH  64 /* per QP: >= 2 completions per FIFO slot */
 #define ERDMA_SEND_REQS (ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS)
 #define ERDMA_RECV_REQS (2 * ERDMA_FIFO_DEPTH) /* receives and flushes */
+_Static_assert((ERDMA_SEND_REQS & (ERDMA_SEND_REQS - 1)) == 0 &&
+                   (ERDMA_RECV_REQS & (ERDMA_RECV_REQS - 1)) == 0,
+               "request pools wrap by masking (p2p.c req_alloc)");
 
 /* Receives consumed and not posted again yet, at most (recv_comm.owed). A QP's queue then
  * still holds RQ_DEPTH - RQ_OWED_MAX = 48 receives: more than the FIFO_DEPTH (32) slots
@@ -33,6 +36,11 @@ struct comm_base {
 /* Returns the device of a listen/send/recv comm, or NULL (WARNed) for anything else. */
 struct erdma_device *comm_device(void *comm);
 
+/* Signaled send-queue entries in flight, at most: one per WR at worst, and no QP's send queue
+ * is deeper (conn_sq_depth). A power of two: the ring wraps by masking. */
+#define ERDMA_SQ_RING 1024
+_Static_assert((ERDMA_SQ_RING & (ERDMA_SQ_RING - 1)) == 0, "the ring wraps by masking");
+
 struct qp_ctx {
     struct ibv_qp *qp;
     struct rdma_cm_id *cm_id; /* rdma_cm mode only */
@@ -40,65 +48,77 @@ struct qp_ctx {
     int sq_used;
     bool up; /* rdma_cm mode: ESTABLISHED seen */
     int max_inline;
-    /* WRs retired by each signaled completion still in flight, in posting order */
-    uint16_t sig_ring[ERDMA_MAX_SQ_WR];
     int sig_head, sig_tail;
     int unsignaled; /* WRs posted since the last signaled one */
+    /* WRs retired by each signaled completion still in flight, in posting order; last, so
+     * that the fields above share a cache line */
+    uint16_t sig_ring[ERDMA_SQ_RING];
 };
 
 enum req_type { REQ_FREE = 0, REQ_SEND, REQ_RECV, REQ_FLUSH };
 
+/* Aligned, with what every request reads first: one cache line a message */
 struct erdma_request {
     uint32_t type;
-    void *comm;
     bool done;
     int n;
-    uint64_t sizes[ERDMA_MAX_RECVS];
     uint32_t seq;
+    void *comm;
     uint64_t posted_ns; /* clock_cached_ns(): the longest time in flight, for the counters */
     void *phandle;      /* isend: NCCL's profiler handle (v10+), NULL otherwise */
-};
+    uint64_t sizes[ERDMA_MAX_RECVS];
+} __attribute__((aligned(64)));
 
-/* One connection end: what conn.c sets up and p2p.c uses. */
+/* One connection end: what conn.c sets up and p2p.c uses. The fields each message reads or
+ * writes come first, together: under emulation a message's cost follows the cache lines it
+ * touches more than its instructions (bench/README.md). */
 struct conn {
     struct comm_base base;
-    int fd; /* out-of-band TCP, kept open to notice a dead peer */
-    char peer[64];
-    struct ibv_cq *cq;
-    int cq_depth;
-    int nqps;
-    struct qp_ctx qps[ERDMA_MAX_QPS];
-    enum completion_mode completion;
-    bool split;
-    bool inline_payload; /* NCCL_ERDMA_INLINE_PAYLOAD: payloads <= max_inline go inline */
-    bool inline_cts;     /* NCCL_IB_USE_INLINE: clear-to-sends go inline */
-    void *ctrl;          /* registered control region (FIFO / records / ring) */
-    size_t ctrl_len;
-    struct ibv_mr *ctrl_mr; /* all of it, for our own posts: no remote access */
-    struct ibv_mr *peer_mr; /* its head, the only part the peer may write (its key goes out) */
-    uint64_t remote_ctrl_addr;
-    uint32_t remote_ctrl_rkey;
-    uint32_t max_msg; /* largest single RDMA write, both ends agree */
-    int error;        /* sticky -errno once the connection is broken */
-    uint64_t polls_since_check;
-    uint64_t last_check_ns;
-    uint64_t peer_bye_ns; /* when the peer's goodbye was first seen; 0 before */
+    int error; /* sticky -errno once the connection is broken */
+    uint32_t polls_since_check;
     /* A receive ring flush (the peer's QPs are gone) when nothing needed the peer: it fails
      * only what still needs the peer, not the receiver's local flushes */
     bool peer_gone;
+    enum completion_mode completion;
+    bool split;
+    bool inline_payload;   /* NCCL_ERDMA_INLINE_PAYLOAD: payloads <= max_inline go inline */
+    bool inline_cts;       /* NCCL_IB_USE_INLINE: clear-to-sends go inline */
+    bool sends_in_syscall; /* the device's (siw: p2p.c post_send), here on the hot line */
+    int nqps;
+    uint32_t max_msg; /* largest single RDMA write, both ends agree */
+    struct ibv_cq *cq;
+    struct ibv_mr *ctrl_mr; /* all of the control region, for our own posts: no remote access */
+    uint64_t remote_ctrl_addr;
+    uint32_t remote_ctrl_rkey;
+    /* The one work request of a common post (a small payload, a clear-to-send): zeroed with
+     * the comm, each post sets the fields it uses. A request built on the stack is cleared
+     * first, and under emulation that clear costs more than the rest of the post. */
+    struct ibv_send_wr hot_wr;
+    struct ibv_sge hot_sge;
+    struct stats_conn stats; /* registered once the connection is up; its counters first */
+    /* ---- the rest: setup, health checks, teardown */
+    int fd; /* out-of-band TCP, kept open to notice a dead peer */
+    char peer[64];
+    int cq_depth;
+    void *ctrl; /* registered control region (FIFO / records / ring) */
+    size_t ctrl_len;
+    struct ibv_mr *peer_mr; /* its head, the only part the peer may write (its key goes out) */
+    uint64_t last_check_ns;
+    uint64_t peer_bye_ns; /* when the peer's goodbye was first seen; 0 before */
     struct ibv_wc peer_gone_wc;
     /* the device's port_downs when this connection was made */
     unsigned port_downs;
     struct rdma_event_channel *cm_ch;
-    struct stats_conn stats; /* registered once the connection is up */
     /* rdma_cm mode: the teardown after close, finished on the reaper thread (conn.c) */
     struct reap_item reap;
     int td_stage;
     int td_pending; /* disconnects still to be reported */
     uint64_t td_deadline;
     void (*td_release)(struct conn *c); /* destroys and frees the comm once that is done */
+    struct qp_ctx qps[ERDMA_MAX_QPS];
 };
 
+/* Aligned: a single-buffer slot's fields and its first buffer share one cache line */
 struct send_slot {
     uint32_t seq;
     int n;       /* buffers in the peer's receive */
@@ -114,7 +134,7 @@ struct send_slot {
          * is the NIC's to read: a CPU copy of it faults (SIGSEGV) */
         bool cpu_readable;
     } sends[ERDMA_MAX_RECVS];
-};
+} __attribute__((aligned(64)));
 
 struct send_comm {
     struct conn c;
@@ -125,9 +145,9 @@ struct send_comm {
     /* round-robin: the QP of the slot at post_seq, counted on its own (post_seq % nqps is
      * wrong once post_seq wraps unless nqps divides 2^32; the receiver counts per QP) */
     int post_qp;
+    int req_next; /* where the search for a free request starts (p2p.c req_alloc) */
     struct send_slot slots[ERDMA_FIFO_DEPTH];
     struct erdma_request reqs[ERDMA_SEND_REQS];
-    int req_next;          /* where the search for a free request starts (p2p.c req_alloc) */
     int cm_retries;        /* rdma_cm connects retried (EADDRINUSE) */
     int warmup_repeats;    /* rdma_cm mode: warm-ups said again while connect waits for */
     uint64_t warmup_at_ns; /* the receiver to confirm them; when the last one was posted */
@@ -137,13 +157,13 @@ struct send_comm {
     void *prof_ev[ERDMA_FIFO_DEPTH][ERDMA_MAX_RECVS][ERDMA_MAX_QPS];
 };
 
-struct recv_slot {
+struct recv_slot { /* aligned, as the sender's */
     uint32_t seq;
     struct erdma_request *req;
     int expected;
     int got;
     uint64_t posted_sizes[ERDMA_MAX_RECVS];
-};
+} __attribute__((aligned(64)));
 
 struct recv_comm {
     struct conn c;
@@ -155,6 +175,7 @@ struct recv_comm {
     uint32_t cts_seq; /* receives whose clear-to-send is posted; the rest wait for a batch */
     uint32_t arrived; /* receives whose payload has landed */
     int cts_batch;    /* NCCL_ERDMA_CTS_BATCH */
+    int req_next;     /* as the sender's */
     /* RC keeps each QP's completions in posting order, so the sequence a completion belongs
      * to follows from its QP: round-robin gives QP q every nqps-th slot, split gives it all */
     uint32_t next_seq[ERDMA_MAX_QPS];
@@ -174,7 +195,6 @@ struct recv_comm {
     int flush_up;      /* rdma_cm loopback: ends established (2 = ready) */
     int flush_retries; /* rdma_cm loopback: connects given up for a port already taken */
     struct erdma_request reqs[ERDMA_RECV_REQS];
-    int req_next;                                                    /* as the sender's */
     void *prof_ev[ERDMA_FIFO_DEPTH][ERDMA_MAX_RECVS][ERDMA_MAX_QPS]; /* as the sender's */
 };
 

@@ -59,9 +59,17 @@ static int qps_per_connection(const struct erdma_device *dev) {
     return n < 1 ? 1 : n > ERDMA_MAX_QPS ? ERDMA_MAX_QPS : (int)n;
 }
 
+/* A send or recv comm, zeroed: its slots and requests are cache-line aligned (comm.h), and
+ * calloc promises only 16 bytes. */
+static void *comm_zalloc(size_t size) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, size)) return NULL;
+    return memset(p, 0, size);
+}
+
 int conn_sq_depth(const struct erdma_device *dev, bool sender) {
     /* sender: payload chunks + records for 32 slots; receiver: CTS writes */
-    int want = sender ? 1024 : 4 * ERDMA_FIFO_DEPTH;
+    int want = sender ? ERDMA_SQ_RING : 4 * ERDMA_FIFO_DEPTH;
     return want < dev->max_qp_wr ? want : dev->max_qp_wr;
 }
 
@@ -82,6 +90,7 @@ static struct ibv_mr *ctrl_reg(struct erdma_device *dev, void *addr, size_t len,
 int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t ctrl_len,
                       size_t peer_len) {
     c->base.dev = dev;
+    c->sends_in_syscall = dev->sends_in_syscall;
     c->fd = -1;
     clock_refresh(); /* the data path's stamps start from a fresh reading */
     c->port_downs = __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE);
@@ -313,7 +322,7 @@ static void send_comm_free(struct send_comm *sc) {
 }
 
 static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
-    struct send_comm *sc = calloc(1, sizeof(*sc));
+    struct send_comm *sc = comm_zalloc(sizeof(*sc));
     if (!sc) return -ENOMEM;
     st->sc = sc;
     sc->c.base.kind = COMM_SEND;
@@ -652,7 +661,7 @@ static int flush_qp_setup(struct recv_comm *rc, struct erdma_device *dev) {
 
 static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
     struct wire_conn_msg *m = &as->msg;
-    struct recv_comm *rc = calloc(1, sizeof(*rc));
+    struct recv_comm *rc = comm_zalloc(sizeof(*rc));
     if (!rc) return -ENOMEM;
     as->rc = rc;
     rc->c.base.kind = COMM_RECV;

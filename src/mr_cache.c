@@ -117,6 +117,8 @@ int mr_cache_get(struct mr_cache *c, void *data, size_t size, int type, struct e
         warn_reg_failure(c, data, size, type, err);
         return -err;
     }
+    m->lkey = m->mr->lkey;
+    m->rkey = m->mr->rkey;
     m->base = base;
     m->len = end - base;
     m->refs = 1;
@@ -146,6 +148,8 @@ int mr_cache_get_dmabuf(struct mr_cache *c, void *data, size_t size, uint64_t of
         warn_reg_failure(c, data, size, NCCL_PTR_DMABUF, err);
         return -err;
     }
+    m->lkey = m->mr->lkey;
+    m->rkey = m->mr->rkey;
     /* dma-buf entries are keyed by fd, not address: never shared through lookup */
     m->base = (uintptr_t)data;
     m->len = size;

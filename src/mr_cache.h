@@ -15,6 +15,7 @@ struct mr_cache;
 /* The mhandle NCCL holds. */
 struct erdma_mr {
     struct ibv_mr *mr;
+    uint32_t lkey, rkey; /* mr's, copied: each message reads them, and not the ibv_mr's line */
     uintptr_t base;
     size_t len;
     int refs;

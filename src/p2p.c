@@ -55,6 +55,15 @@ static inline uint32_t wr_idx(uint64_t id) {
     return (uint32_t)id;
 }
 
+/* One branch for several tests: `if (any_of(a | b))`. GCC splits `a | b` of comparisons
+ * back into a branch each unless the value is first made opaque, and under emulation every
+ * branch on a message's path costs more than the instructions around it (bench/README.md,
+ * "branches, not instructions"). */
+static inline bool any_of(unsigned bits) {
+    __asm__("" : "+r"(bits));
+    return bits != 0;
+}
+
 static const char *wr_kind_name(enum wr_kind k) {
     switch (k) {
     case WR_RECORD:
@@ -111,7 +120,7 @@ static __attribute__((noinline)) int post_send_quiet(struct ibv_qp *qp, struct i
  * devices post straight away: this is the hot path. */
 static inline int post_send(struct conn *c, struct ibv_qp *qp, struct ibv_send_wr *wr,
                             struct ibv_send_wr **bad) {
-    if (!c->base.dev->sends_in_syscall) return verbs_errno(vb.post_send(qp, wr, bad));
+    if (!c->sends_in_syscall) return verbs_errno(vb.post_send(qp, wr, bad));
     return post_send_quiet(qp, wr, bad);
 }
 
@@ -131,25 +140,37 @@ static void report_wc_error(struct conn *c, const struct ibv_wc *wc) {
 
 /* ------------------------------------------------------------ requests */
 /* Requests are taken and given back nearly in order, so the search starts after the last
- * one taken and usually ends at its first look. Only the fields every request reads are
- * cleared (the hot path): sizes[] is written before done is set. */
-static struct erdma_request *req_alloc(struct erdma_request *pool, int n, int *next, void *comm,
-                                       enum req_type type) {
-    int i = *next;
-    for (int k = 0; k < n; k++, i = i + 1 == n ? 0 : i + 1) {
-        struct erdma_request *r = &pool[i];
-        if (r->type != REQ_FREE) continue;
-        *next = i + 1 == n ? 0 : i + 1;
-        r->type = type;
-        r->comm = comm;
-        r->done = false;
-        r->n = 0;
-        r->seq = 0;
-        r->posted_ns = 0;
-        r->phandle = NULL;
-        return r;
-    }
+ * one taken and usually ends at its first look (tested alone: the loop is the rare case).
+ * Only the fields every request reads are cleared (the hot path): sizes[] is written before
+ * done is set. n is a power of two. */
+static inline struct erdma_request *req_take(struct erdma_request *r, void *comm,
+                                             enum req_type type) {
+    r->type = type;
+    r->comm = comm;
+    r->done = false;
+    r->n = 0;
+    r->seq = 0;
+    r->posted_ns = 0;
+    r->phandle = NULL;
+    return r;
+}
+
+static __attribute__((noinline)) struct erdma_request *
+req_search(struct erdma_request *pool, int n, int *next, void *comm, enum req_type type) {
+    for (int k = 0, i = *next; k < n; k++, i = (i + 1) & (n - 1))
+        if (pool[i].type == REQ_FREE) {
+            *next = (i + 1) & (n - 1);
+            return req_take(&pool[i], comm, type);
+        }
     return NULL;
+}
+
+static inline struct erdma_request *req_alloc(struct erdma_request *pool, int n, int *next,
+                                              void *comm, enum req_type type) {
+    struct erdma_request *r = &pool[*next];
+    if (__builtin_expect(r->type != REQ_FREE, 0)) return req_search(pool, n, next, comm, type);
+    *next = (*next + 1) & (n - 1);
+    return req_take(r, comm, type);
 }
 
 /* ------------------------------------------------------------ receiver side */
@@ -257,7 +278,9 @@ void p2p_prof_close(struct conn *c) {
  * clock, which another thread may have just set a step back (conn.h): a span that would wrap
  * around is none. */
 static inline void stats_inflight(struct conn *c, uint64_t now, uint64_t posted_ns) {
-    if (now > posted_ns) stats_max(&c->stats.c.max_inflight_ns, now - posted_ns);
+    uint64_t span = now > posted_ns ? now - posted_ns : 0;
+    uint64_t *ctr = &c->stats.c.max_inflight_ns, old = __atomic_load_n(ctr, __ATOMIC_RELAXED);
+    __atomic_store_n(ctr, span > old ? span : old, __ATOMIC_RELAXED); /* no branch: see below */
 }
 
 /* The end of a receive: its sizes are in req->sizes. */
@@ -317,18 +340,32 @@ static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec
 /* A completion whose immediate is the size of a single-buffer receive (the common message):
  * the record check reduced to its two comparisons, without building a record. Anything else
  * goes through the record check, which names what is wrong. */
-static int recv_complete_size(struct recv_comm *rc, uint32_t size, uint32_t seq) {
-    struct recv_slot *slot = recv_slot_of(rc, seq);
-    if (!slot) return rc->c.error;
+static __attribute__((noinline)) int recv_complete_size_checked(struct recv_comm *rc, uint32_t size,
+                                                                uint32_t seq) {
+    if (!recv_slot_of(rc, seq)) return rc->c.error;
+    struct wire_record rec = {.seq = seq, .n = 1, .sizes = {size}};
+    return recv_complete_one(rc, &rec, seq);
+}
+
+static inline __attribute__((always_inline)) int recv_complete_size(struct recv_comm *rc,
+                                                                    uint32_t size, uint32_t seq) {
+    struct recv_slot *slot = &rc->slots[seq % ERDMA_FIFO_DEPTH];
     struct erdma_request *req = slot->req;
-    if (req->n != 1 || size > slot->posted_sizes[0] || slot->got + 1 < slot->expected) {
-        struct wire_record rec = {.seq = seq, .n = 1, .sizes = {size}};
-        return recv_complete_one(rc, &rec, seq);
+    /* the common arrival, its conditions tested at once: a receive waits in the slot, its
+     * clear-to-send went, it has one buffer that holds the size, and this is its only
+     * completion (one QP) */
+    if (__builtin_expect(req != NULL, 1)) {
+        unsigned common = (slot->seq == seq) & ((int32_t)(seq - rc->cts_seq) < 0) & (req->n == 1) &
+                          (size <= slot->posted_sizes[0]) & (slot->got + 1 >= slot->expected);
+        if (__builtin_expect(any_of(common), 1)) {
+            slot->got++;
+            req->sizes[0] = size;
+            recv_finish(rc, slot, req, seq, size);
+            return 0;
+        }
     }
-    slot->got++;
-    req->sizes[0] = size;
-    recv_finish(rc, slot, req, seq, size);
-    return 0;
+    /* anything else takes the checks that name what is wrong */
+    return recv_complete_size_checked(rc, size, seq);
 }
 
 /* Every posted work request costs a doorbell, a packet and its ACK at both ends, and while
@@ -346,7 +383,8 @@ static uint32_t cts_held(const struct recv_comm *rc) {
     return rc->cts_seq - rc->arrived; /* clear-to-sends the sender has and has not used yet */
 }
 static bool cts_may_wait(const struct recv_comm *rc, uint64_t recv_bytes) {
-    return recv_bytes <= CTS_WAIT_MAX && rc->seq - rc->cts_seq < (uint32_t)rc->cts_batch &&
+    /* the batch first: with batching off (the default) the one test a receive pays */
+    return rc->seq - rc->cts_seq < (uint32_t)rc->cts_batch && recv_bytes <= CTS_WAIT_MAX &&
            cts_held(rc) >= CTS_LOW_WATER;
 }
 
@@ -410,15 +448,26 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
     return cts_post_chain(rc, qp, wrs, rows, signal);
 }
 
-/* The common clear-to-send, one slot of one buffer: its one write, without the range's loops
- * and arrays. */
-static inline int cts_post_one(struct recv_comm *rc, uint32_t slot) {
+/* The common clear-to-send, one slot of one buffer: its one write, in the comm's own work
+ * request (comm.h hot_wr), without the range's loops and arrays. */
+static inline __attribute__((always_inline)) int cts_post_one(struct recv_comm *rc, uint32_t slot) {
     struct qp_ctx *qp = &rc->c.qps[CTS_QP];
-    struct ibv_send_wr wr;
-    struct ibv_sge sge;
+    struct ibv_send_wr *wr = &rc->c.hot_wr;
+    struct ibv_sge *sge = &rc->c.hot_sge;
     bool signal = cts_signal(qp, 1);
-    cts_row(rc, qp, slot, 0, sizeof(struct wire_cts), signal, &wr, &sge);
-    return cts_post_chain(rc, qp, &wr, 1, signal);
+    size_t at = cts_index(slot, 0);
+    sge->addr = (uintptr_t)&rc->cts[at];
+    sge->length = sizeof(struct wire_cts);
+    sge->lkey = rc->c.ctrl_mr->lkey;
+    wr->wr_id = wr_id(WR_CTS, CTS_QP, slot);
+    wr->sg_list = sge;
+    wr->num_sge = 1;
+    wr->opcode = IBV_WR_RDMA_WRITE;
+    unsigned inl = rc->c.inline_cts & ((int)sizeof(struct wire_cts) <= qp->max_inline);
+    wr->send_flags = IBV_SEND_SIGNALED * (unsigned)signal | IBV_SEND_INLINE * inl;
+    wr->wr.rdma.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts);
+    wr->wr.rdma.rkey = rc->c.remote_ctrl_rkey;
+    return cts_post_chain(rc, qp, wr, 1, signal);
 }
 
 /* Writes every clear-to-send not yet posted: one chain per contiguous run of FIFO slots. */
@@ -435,9 +484,9 @@ static __attribute__((noinline)) int cts_flush_runs(struct recv_comm *rc) {
 
 /* The same, with the common case first: one slot of one buffer waits (each receive's own
  * clear-to-send when none are held), posted as its one write. */
-static inline int cts_flush(struct recv_comm *rc) {
+static inline __attribute__((always_inline)) int cts_flush(struct recv_comm *rc) {
     uint32_t first = rc->cts_seq % ERDMA_FIFO_DEPTH;
-    if (rc->seq - rc->cts_seq != 1 || rc->cts[cts_index(first, 0)].nreqs != 1)
+    if (any_of((rc->seq - rc->cts_seq - 1) | (rc->cts[cts_index(first, 0)].nreqs - 1u)))
         return cts_flush_runs(rc);
     int ret = cts_post_one(rc, first);
     if (!ret) rc->cts_seq++;
@@ -451,6 +500,17 @@ static bool cts_room(struct recv_comm *rc) {
 
 static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
     int q = wr_qp(wc->wr_id);
+    /* the common arrival: a write-with-immediate whose immediate is its size */
+    uint32_t imm = ntohl(wc->imm_data);
+    unsigned sized = (wr_kind_of(wc->wr_id) == WR_RECV) &
+                     (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) &
+                     (rc->c.completion == COMPLETION_IMM) & !(imm & IMM_RECORD);
+    if (__builtin_expect(any_of(sized), 1)) {
+        uint32_t seq = rc->next_seq[q];
+        rc->next_seq[q] += rc->c.split ? 1 : (uint32_t)rc->c.nqps;
+        int ret = rq_owe(rc, q, wr_idx(wc->wr_id));
+        return ret ? ret : recv_complete_size(rc, imm, seq);
+    }
     switch (wr_kind_of(wc->wr_id)) {
     case WR_CTS:
         qp_sq_retire(&rc->c.qps[q]);
@@ -470,7 +530,6 @@ static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
         }
         if (rc->c.completion == COMPLETION_IMM) {
             if (wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM) break;
-            uint32_t imm = ntohl(wc->imm_data);
             if (!(imm & IMM_RECORD)) {
                 size = imm;
             } else {
@@ -496,6 +555,14 @@ static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
 }
 
 /* ------------------------------------------------------------ sender side */
+static inline void send_done(struct send_comm *sc, struct send_slot *slot, int i, uint64_t now) {
+    struct erdma_request *req = slot->sends[i].req;
+    req->done = true;
+    stats_add(&sc->c.stats.c.bytes_sent, slot->sends[i].size);
+    stats_add(&sc->c.stats.c.msgs_sent, 1);
+    stats_inflight(&sc->c, now, req->posted_ns);
+}
+
 static void send_handle_record_done(struct send_comm *sc, int q, uint32_t slot_idx) {
     struct send_slot *slot = &sc->slots[slot_idx];
     qp_sq_retire(&sc->c.qps[q]);
@@ -504,22 +571,18 @@ static void send_handle_record_done(struct send_comm *sc, int q, uint32_t slot_i
             prof_qp_stop(&sc->prof_ev[slot_idx][i][q]);
     if (--slot->pending > 0) return;
     uint64_t now = clock_cached_ns();
-    for (int i = 0; i < slot->n; i++) {
-        struct erdma_request *req = slot->sends[i].req;
-        req->done = true;
-        stats_add(&sc->c.stats.c.bytes_sent, slot->sends[i].size);
-        stats_add(&sc->c.stats.c.msgs_sent, 1);
-        stats_inflight(&sc->c, now, req->posted_ns);
-    }
+    send_done(sc, slot, 0, now); /* a slot has at least one buffer */
+    for (int i = 1; __builtin_expect(i < slot->n, 0); i++)
+        send_done(sc, slot, i, now);
 }
 
 static int send_handle_wc(struct send_comm *sc, const struct ibv_wc *wc) {
-    if (wr_kind_of(wc->wr_id) == WR_WARMUP) {
-        qp_sq_retire(&sc->c.qps[wr_qp(wc->wr_id)]);
+    if (__builtin_expect(wr_kind_of(wc->wr_id) == WR_RECORD, 1)) {
+        send_handle_record_done(sc, wr_qp(wc->wr_id), wr_idx(wc->wr_id));
         return 0;
     }
-    if (wr_kind_of(wc->wr_id) == WR_RECORD) {
-        send_handle_record_done(sc, wr_qp(wc->wr_id), wr_idx(wc->wr_id));
+    if (wr_kind_of(wc->wr_id) == WR_WARMUP) {
+        qp_sq_retire(&sc->c.qps[wr_qp(wc->wr_id)]);
         return 0;
     }
     WARN("%s: unexpected completion (opcode %d, wr 0x%llx) to %s", sc->c.base.dev->name, wc->opcode,
@@ -555,25 +618,29 @@ static __attribute__((cold, noinline)) int send_post_failed(struct conn *c, stru
 /* The common slot: one buffer, on one QP, in one write whose immediate (the size) completes
  * it. Posted as that one work request, without the general path's loops (half the
  * instructions of a small message's send). 1 posted, 0 no room yet, -errno failed. */
-static int send_post_single(struct send_comm *sc, struct send_slot *slot, uint32_t idx, int q) {
+static inline __attribute__((always_inline)) int
+send_post_single(struct send_comm *sc, struct send_slot *slot, uint32_t idx, int q) {
     struct conn *c = &sc->c;
     struct qp_ctx *qp = &c->qps[q];
     if (qp_sq_room(qp) < 1) return 0;
     uint32_t size = (uint32_t)slot->sends[0].size;
     const struct wire_cts *e = &sc->fifo[cts_index(idx, 0)];
-    struct ibv_sge sge = {
-        .addr = (uintptr_t)slot->sends[0].data, .length = size, .lkey = slot->sends[0].lkey};
-    struct ibv_send_wr wr = {.wr_id = wr_id(WR_RECORD, q, idx),
-                             .sg_list = &sge,
-                             .num_sge = 1,
-                             .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
-                             .send_flags = IBV_SEND_SIGNALED,
-                             .imm_data = htonl(size),
-                             .wr.rdma = {.remote_addr = e->addr, .rkey = e->rkey}},
-                       *bad;
-    if (c->inline_payload && slot->sends[0].cpu_readable && size <= (uint32_t)qp->max_inline)
-        wr.send_flags |= IBV_SEND_INLINE;
-    int ret = post_send(c, qp->qp, &wr, &bad);
+    struct ibv_send_wr *wr = &c->hot_wr, *bad;
+    struct ibv_sge *sge = &c->hot_sge;
+    sge->addr = (uintptr_t)slot->sends[0].data;
+    sge->length = size;
+    sge->lkey = slot->sends[0].lkey;
+    wr->wr_id = wr_id(WR_RECORD, q, idx);
+    wr->sg_list = sge;
+    wr->num_sge = 1;
+    wr->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    unsigned inl =
+        c->inline_payload & slot->sends[0].cpu_readable & (size <= (uint32_t)qp->max_inline);
+    wr->send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE * inl;
+    wr->imm_data = htonl(size);
+    wr->wr.rdma.remote_addr = e->addr;
+    wr->wr.rdma.rkey = e->rkey;
+    int ret = post_send(c, qp->qp, wr, &bad);
     if (ret) return send_post_failed(c, qp, 1, ret);
     qp_sq_push(qp, 1, true);
     stats_add(&c->stats.c.wrs_posted, 1);
@@ -700,24 +767,27 @@ static __attribute__((noinline)) int send_post_general(struct send_comm *sc, str
 
 /* Posts one matched slot, the one at post_seq. 1 posted, 0 no send-queue room yet, -errno
  * failed. */
-static inline int send_post_slot(struct send_comm *sc, struct send_slot *slot) {
+static inline __attribute__((always_inline)) int send_post_slot(struct send_comm *sc,
+                                                                struct send_slot *slot) {
     struct conn *c = &sc->c;
     uint32_t idx = slot->seq % ERDMA_FIFO_DEPTH;
     int used = c->split ? c->nqps : 1;
     int first = c->split ? 0 : sc->post_qp;
-    if (used == 1 && slot->n == 1 && c->completion == COMPLETION_IMM &&
-        slot->sends[0].size - 1 < (uint64_t)c->max_msg) /* 1 .. max_msg bytes */
-        return send_post_single(sc, slot, idx, first);
+    unsigned single = (used == 1) & (slot->n == 1) & (c->completion == COMPLETION_IMM) &
+                      (slot->sends[0].size - 1 < (uint64_t)c->max_msg); /* 1 .. max_msg bytes */
+    if (__builtin_expect(any_of(single), 1)) return send_post_single(sc, slot, idx, first);
     return send_post_general(sc, slot, idx, used, first);
 }
 
-static int send_post_ready(struct send_comm *sc) {
-    while (sc->post_seq != sc->fifo_seq) {
+/* Posts the matched slots from post_seq on; called only when there is one (post_seq !=
+ * fifo_seq). */
+static inline __attribute__((always_inline)) int send_post_ready(struct send_comm *sc) {
+    do {
         int ret = send_post_slot(sc, &sc->slots[sc->post_seq % ERDMA_FIFO_DEPTH]);
         if (ret <= 0) return ret;
         sc->post_seq++;
-        if (++sc->post_qp == sc->c.nqps) sc->post_qp = 0;
-    }
+        sc->post_qp = sc->post_qp + 1 == sc->c.nqps ? 0 : sc->post_qp + 1;
+    } while (sc->post_seq != sc->fifo_seq);
     return 0;
 }
 
@@ -773,48 +843,77 @@ static int conn_check_health(struct conn *c) {
     return ret ? conn_fail(c, ret) : 0;
 }
 
-static int conn_progress(struct conn *c) {
-    struct ibv_wc wcs[POLL_BATCH];
-    if (c->error) return c->error;
-    /* Health is looked at before the CQ is polled, not after: a completion reaches our CQ
-     * before the peer's close or death can be seen, so this poll still completes whatever
-     * landed first, even when the thread was preempted between the two. */
-    if (c->polls_since_check >= LIVENESS_POLLS) {
-        c->polls_since_check = 0;
-        conn_check_health(c); /* a failure is sticky in c->error */
+/* A completion that is not a success. A flushed receive means the peer's QP is gone: that
+ * fails only what still needs the peer (conn_progress, once the CQ is drained). */
+static __attribute__((noinline)) int wc_failed(struct conn *c, const struct ibv_wc *wc) {
+    if (wc->status == IBV_WC_WR_FLUSH_ERR && wr_kind_of(wc->wr_id) == WR_RECV) {
+        if (!c->peer_gone) c->peer_gone_wc = *wc;
+        c->peer_gone = true;
+        return 0;
     }
-    int n = vb.poll_cq(c->cq, POLL_BATCH, wcs);
+    stats_wc_error(&c->stats, wc->status);
+    report_wc_error(c, wc);
+    return conn_fail(c, wc->status == IBV_WC_WR_FLUSH_ERR ? -ECONNABORTED : -EREMOTEIO);
+}
+
+/* A poll that found nothing (n == 0) or failed: off every message's critical path, so the
+ * place to read the clock. */
+static __attribute__((noinline)) int conn_poll_empty(struct conn *c, int n) {
     if (n < 0) {
         WARN("%s: polling the completion queue failed (%d)", c->base.dev->name, n);
         return conn_fail(c, -EIO);
     }
-    for (int i = 0; i < n; i++) {
-        const struct ibv_wc *wc = &wcs[i];
-        if (wc->status == IBV_WC_WR_FLUSH_ERR && wr_kind_of(wc->wr_id) == WR_RECV) {
-            /* the peer's QP is gone: that fails below only what still needs the peer */
-            if (!c->peer_gone) c->peer_gone_wc = *wc;
-            c->peer_gone = true;
-            continue;
-        }
-        if (wc->status != IBV_WC_SUCCESS) {
-            stats_wc_error(&c->stats, wc->status);
-            report_wc_error(c, wc);
-            return conn_fail(c, wc->status == IBV_WC_WR_FLUSH_ERR ? -ECONNABORTED : -EREMOTEIO);
-        }
-        int ret = c->base.kind == COMM_SEND ? send_handle_wc((struct send_comm *)c, wc)
-                                            : recv_handle_wc((struct recv_comm *)c, wc);
-        if (ret) return ret;
-    }
-    /* an idle poll is off every message's critical path: the place to read the clock */
-    if (n == 0 && (++c->polls_since_check & 15) == 0) clock_refresh();
+    if ((++c->polls_since_check & 15) == 0) clock_refresh();
+    return 0;
+}
+
+static __attribute__((noinline)) int conn_peer_gone(struct conn *c, int n) {
     /* with the CQ drained, whatever landed before the peer went away has completed */
     if (c->peer_gone && !c->error && n < POLL_BATCH && conn_needs_peer(c)) {
         stats_wc_error(&c->stats, c->peer_gone_wc.status);
         report_wc_error(c, &c->peer_gone_wc);
         conn_fail(c, -ECONNABORTED);
     }
-    if (c->error) return c->error;
-    if (c->base.kind == COMM_SEND) return send_post_ready((struct send_comm *)c);
+    return c->error;
+}
+
+/* Every test() of a pending request comes here, with the comm's kind known at compile time
+ * (send_progress, recv_progress). Under emulation a branch costs more than the instructions
+ * around it, so the rare cases (failure, health check, the peer gone, an empty or failed
+ * poll) leave the path in as few tests as they can. */
+static inline __attribute__((always_inline)) int conn_progress_kind(struct conn *c,
+                                                                    enum comm_kind kind) {
+    struct ibv_wc wcs[POLL_BATCH];
+    if (__builtin_expect(any_of((unsigned)c->error | (c->polls_since_check >= LIVENESS_POLLS)),
+                         0)) {
+        if (c->error) return c->error;
+        /* Health is looked at before the CQ is polled, not after: a completion reaches our
+         * CQ before the peer's close or death can be seen, so this poll still completes
+         * whatever landed first, even when the thread was preempted between the two. */
+        c->polls_since_check = 0;
+        conn_check_health(c); /* a failure is sticky in c->error */
+    }
+    int n = vb.poll_cq(c->cq, POLL_BATCH, wcs);
+    if (n > 0) {
+        for (int i = 0; i < n; i++) {
+            const struct ibv_wc *wc = &wcs[i];
+            int ret = __builtin_expect(wc->status != IBV_WC_SUCCESS, 0) ? wc_failed(c, wc)
+                      : kind == COMM_SEND ? send_handle_wc((struct send_comm *)c, wc)
+                                          : recv_handle_wc((struct recv_comm *)c, wc);
+            if (ret) return ret;
+        }
+    } else {
+        int ret = conn_poll_empty(c, n);
+        if (ret) return ret;
+    }
+    if (__builtin_expect(any_of((unsigned)c->error | c->peer_gone), 0)) {
+        int ret = conn_peer_gone(c, n);
+        if (ret) return ret;
+    }
+    if (kind == COMM_SEND) {
+        struct send_comm *sc = (struct send_comm *)c;
+        return sc->post_seq != sc->fifo_seq ? send_post_ready(sc) : 0;
+    }
     struct recv_comm *rc = (struct recv_comm *)c;
     if (n == 0 && rc->nowed > 0) {
         int ret = rq_repay(rc);
@@ -822,6 +921,14 @@ static int conn_progress(struct conn *c) {
     }
     if (rc->cts_seq != rc->seq && cts_held(rc) == 0 && cts_room(rc)) return cts_flush(rc);
     return 0;
+}
+
+static __attribute__((noinline)) int send_progress(struct send_comm *sc) {
+    return conn_progress_kind(&sc->c, COMM_SEND);
+}
+
+static __attribute__((noinline)) int recv_progress(struct recv_comm *rc) {
+    return conn_progress_kind(&rc->c, COMM_RECV);
 }
 
 /* On siw, a warm-up that reaches the passive side just as its QP comes up is now and then
@@ -878,7 +985,7 @@ int p2p_send_warmup_again(struct send_comm *sc) {
 }
 
 int p2p_recv_warmup_done(struct recv_comm *rc) {
-    int ret = conn_progress(&rc->c);
+    int ret = recv_progress(rc);
     if (ret) return ret;
     return rc->warmed == (1u << rc->c.nqps) - 1;
 }
@@ -889,38 +996,38 @@ static inline volatile struct wire_cts *fifo_entry(struct send_comm *sc, uint32_
     return &sc->fifo[cts_index(idx, buf)];
 }
 
-int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
-                void **request) {
-    struct send_comm *sc = send_comm;
-    *request = NULL;
+static __attribute__((cold, noinline)) int isend_refused(struct send_comm *sc) {
     if (erdma_forked) return erdma_forked_refuse("isend");
     if (!sc || sc->c.base.kind != COMM_SEND) {
-        WARN("isend: not a send comm (%p)", send_comm);
+        WARN("isend: not a send comm (%p)", (void *)sc);
         return -EINVAL;
     }
-    if (sc->c.error) return sc->c.error;
-    uint32_t idx = sc->fifo_seq % ERDMA_FIFO_DEPTH;
+    return sc->c.error;
+}
+
+/* isend's matching in general: a receive of several buffers, a slot already started, one
+ * whose old completion is pending, or a tag not at the head. The buffer index, or -1 with
+ * what isend returns in *ret. */
+static __attribute__((noinline)) int isend_match(struct send_comm *sc, struct send_slot *slot,
+                                                 uint32_t idx, int tag, int *ret) {
     uint32_t want = sc->fifo_seq + 1;
-    if (fifo_entry(sc, idx, 0)->seq != want) /* receiver not ready: not an error */
-        return conn_progress(&sc->c);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
     int n = fifo_entry(sc, idx, 0)->nreqs;
+    *ret = 0;
     if (n < 1 || n > ERDMA_MAX_RECVS) {
         WARN("%s: clear-to-send from %s announces %d buffers", sc->c.base.dev->name, sc->c.peer, n);
-        return conn_fail(&sc->c, -EPROTO);
+        *ret = conn_fail(&sc->c, -EPROTO);
+        return -1;
     }
     for (int i = 1; i < n; i++)
-        if (fifo_entry(sc, idx, i)->seq != want) return 0; /* rest of the entry still in flight */
-    if (n > 1) __atomic_thread_fence(__ATOMIC_ACQUIRE);    /* and read those rows after their seq */
-
-    struct send_slot *slot = &sc->slots[idx];
+        if (fifo_entry(sc, idx, i)->seq != want) return -1; /* rest of the entry in flight */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* and read those rows after their seq */
     if (slot->seq != sc->fifo_seq || !slot->matched) {
         /* The message that used this slot FIFO_DEPTH ago landed (its receive was posted
          * again), but its writes' completions may not have reached us: they name the slot,
          * so it is not taken over before them. Not an error: the caller tries again. */
         if (slot->pending > 0) {
-            int ret = conn_progress(&sc->c);
-            if (ret || slot->pending > 0) return ret;
+            *ret = send_progress(sc);
+            if (*ret || slot->pending > 0) return -1;
         }
         /* a fresh slot: only what its n buffers use is cleared (the hot path) */
         slot->seq = sc->fifo_seq;
@@ -936,20 +1043,60 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
         WARN("%s: %s rewrote its clear-to-send #%u from %d to %d buffers while we were "
              "sending into it",
              sc->c.base.dev->name, sc->c.peer, sc->fifo_seq, slot->n, n);
-        return conn_fail(&sc->c, -EPROTO);
+        *ret = conn_fail(&sc->c, -EPROTO);
+        return -1;
     }
-    int i;
-    for (i = 0; i < n; i++)
-        if (fifo_entry(sc, idx, i)->tag == tag && !slot->sends[i].req) break;
+    for (int i = 0; i < n; i++)
+        if (fifo_entry(sc, idx, i)->tag == tag && !slot->sends[i].req) return i;
     /* As net_ib: a tag that no free buffer of the receive now at the head carries is not an
      * error; it may belong to a later receive, so the caller is asked to try again (NULL). */
-    if (i == n) return conn_progress(&sc->c);
+    *ret = send_progress(sc);
+    return -1;
+}
+
+/* Under emulation each branch of a message's path costs more than the instructions around
+ * it (bench/README.md): the common send (one buffer, a slot it starts, its tag, a memory
+ * handle) is recognised in a few combined tests, and isend_match handles the rest. */
+int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                void **request) {
+    struct send_comm *sc = send_comm;
+    *request = NULL;
+    if (__builtin_expect(!sc, 0) ||
+        __builtin_expect(
+            any_of((unsigned)erdma_forked | (sc->c.base.kind ^ COMM_SEND) | (uint32_t)sc->c.error),
+            0))
+        return isend_refused(sc);
+    uint32_t idx = sc->fifo_seq % ERDMA_FIFO_DEPTH;
+    volatile struct wire_cts *head = fifo_entry(sc, idx, 0);
+    if (head->seq != sc->fifo_seq + 1) /* receiver not ready: not an error */
+        return send_progress(sc);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    struct send_slot *slot = &sc->slots[idx];
+    unsigned single = (head->nreqs == 1) & (head->tag == tag) &
+                      ((slot->seq != sc->fifo_seq) | (slot->matched == 0)) & (slot->pending <= 0);
+    int i = 0;
+    if (__builtin_expect(any_of(single), 1)) {
+        slot->seq = sc->fifo_seq;
+        slot->n = 1;
+        slot->matched = 0;
+        slot->pending = 0;
+        slot->posted = false;
+    } else {
+        int ret;
+        i = isend_match(sc, slot, idx, tag, &ret);
+        if (i < 0) return ret;
+    }
     /* As net_ib: a send larger than the matched buffer is truncated to it, and both ends'
      * test() report the bytes that landed. */
     uint64_t room = fifo_entry(sc, idx, i)->size; /* read once: the peer may rewrite it */
     if (size > room) size = (size_t)room;
     struct erdma_mr *mr = mhandle;
-    if (size > 0 && !mr) {
+    uint32_t lkey = 0;
+    bool cpu_readable = true; /* inline copies with the CPU: host memory only (comm.h) */
+    if (__builtin_expect(mr != NULL, 1)) {
+        lkey = mr->lkey;
+        cpu_readable = mr->type == NCCL_PTR_HOST;
+    } else if (size > 0) {
         WARN("%s: isend of %zu bytes without a memory handle", sc->c.base.dev->name, size);
         return -EINVAL;
     }
@@ -963,41 +1110,58 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     slot->sends[i].req = req;
     slot->sends[i].data = data;
     slot->sends[i].size = size;
-    slot->sends[i].lkey = mr ? mr->mr->lkey : 0;
-    /* inline copies with the CPU: only host registrations (dma-buf ones are GPU memory) */
-    slot->sends[i].cpu_readable = !mr || mr->type == NCCL_PTR_HOST;
+    slot->sends[i].lkey = lkey;
+    slot->sends[i].cpu_readable = cpu_readable;
     *request = req;
-    if (++slot->matched < n) return 0;
+    if (++slot->matched < slot->n) return 0;
     sc->fifo_seq++;
     int ret = send_post_ready(sc);
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;
 }
 
-int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
-                void **mhandles, void **phandles, void **request) {
-    struct recv_comm *rc = recv_comm;
-    *request = NULL;
+static __attribute__((cold, noinline)) int irecv_refused(struct recv_comm *rc, int n) {
     if (erdma_forked) return erdma_forked_refuse("irecv");
     if (!rc || rc->c.base.kind != COMM_RECV) {
-        WARN("irecv: not a recv comm (%p)", recv_comm);
+        WARN("irecv: not a recv comm (%p)", (void *)rc);
         return -EINVAL;
     }
     if (n < 1 || n > ERDMA_MAX_RECVS) {
         WARN("%s: irecv of %d buffers (1..%d allowed)", rc->c.base.dev->name, n, ERDMA_MAX_RECVS);
         return -EINVAL;
     }
-    if (rc->c.error) return rc->c.error;
-    uint32_t seq = rc->seq, idx = seq % ERDMA_FIFO_DEPTH;
-    struct recv_slot *slot = &rc->slots[idx];
-    if (slot->req || !cts_room(rc)) return conn_progress(&rc->c);
-    for (int i = 0; i < n; i++) {
+    return rc->c.error;
+}
+
+static __attribute__((cold, noinline)) int irecv_no_handle(struct recv_comm *rc, int n,
+                                                           const size_t *sizes, void **mhandles) {
+    for (int i = 0; i < n; i++)
         if (sizes[i] > 0 && !mhandles[i]) {
             WARN("%s: irecv buffer %d (%zu bytes) without a memory handle", rc->c.base.dev->name, i,
                  sizes[i]);
-            return -EINVAL;
+            break;
         }
-    }
+    return -EINVAL;
+}
+
+int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
+                void **mhandles, void **phandles, void **request) {
+    struct recv_comm *rc = recv_comm;
+    *request = NULL;
+    if (__builtin_expect(!rc, 0) ||
+        __builtin_expect(any_of((unsigned)erdma_forked | (rc->c.base.kind ^ COMM_RECV) |
+                                (uint32_t)rc->c.error | ((unsigned)(n - 1) >= ERDMA_MAX_RECVS)),
+                         0))
+        return irecv_refused(rc, n);
+    uint32_t seq = rc->seq, idx = seq % ERDMA_FIFO_DEPTH;
+    struct recv_slot *slot = &rc->slots[idx];
+    if (any_of((slot->req != NULL) | !cts_room(rc))) return recv_progress(rc);
+    unsigned missing = 0;
+    int i = 0;
+    do /* n >= 1 */
+        missing |= (sizes[i] > 0) & (mhandles[i] == NULL);
+    while (++i < n);
+    if (__builtin_expect(missing, 0)) return irecv_no_handle(rc, n, sizes, mhandles);
     struct erdma_request *req = req_alloc(rc->reqs, ERDMA_RECV_REQS, &rc->req_next, rc, REQ_RECV);
     if (!req) return 0;
     req->n = n;
@@ -1005,17 +1169,18 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     req->posted_ns = clock_cached_ns();
 
     uint64_t total = 0;
-    for (int i = 0; i < n; i++) {
+    i = 0;
+    do {
         struct erdma_mr *mr = mhandles[i];
         total += sizes[i];
         rc->cts[cts_index(idx, i)] = (struct wire_cts){.addr = (uintptr_t)data[i],
                                                        .size = sizes[i],
-                                                       .rkey = mr ? mr->mr->rkey : 0,
+                                                       .rkey = mr ? mr->rkey : 0,
                                                        .tag = tags[i],
                                                        .nreqs = (uint16_t)n,
                                                        .seq = seq + 1};
         slot->posted_sizes[i] = sizes[i];
-    }
+    } while (++i < n);
     slot->seq = seq;
     slot->req = req;
     slot->expected = rc->c.split ? rc->c.nqps : 1;
@@ -1023,7 +1188,7 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     rc->seq++;
     *request = req;
     if (prof_on()) recv_prof_start(rc, idx, n, sizes, phandles);
-    if (++rc->post_qp == rc->c.nqps) rc->post_qp = 0;
+    rc->post_qp = rc->post_qp + 1 == rc->c.nqps ? 0 : rc->post_qp + 1;
     int ret = cts_may_wait(rc, total) ? 0 : cts_flush(rc);
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;
@@ -1064,8 +1229,7 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
                                .num_sge = 1,
                                .opcode = IBV_WR_RDMA_READ,
                                .send_flags = IBV_SEND_SIGNALED,
-                               .wr.rdma = {.remote_addr = (uintptr_t)data[last],
-                                           .rkey = mr->mr->rkey},
+                               .wr.rdma = {.remote_addr = (uintptr_t)data[last], .rkey = mr->rkey},
                            },
                        *bad;
     int ret = post_send(&rc->c, rc->flush_qp.qp, &wr, &bad);
@@ -1081,25 +1245,44 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
     return 0;
 }
 
+static __attribute__((cold, noinline)) int test_refused(void *request) {
+    if (erdma_forked) return erdma_forked_refuse("test");
+    WARN("test: not a live request (%p)", request);
+    return -EINVAL;
+}
+
+static inline int size_reported(uint64_t size) {
+    return size > INT_MAX ? INT_MAX : (int)size;
+}
+
+/* Every branch here is paid on each message (under emulation, per branch rather than per
+ * instruction): the refusals are tested together, and a single size is copied without the
+ * loop. */
 int erdma_test(void *request, int *done, int *sizes) {
     struct erdma_request *req = request;
     *done = 0;
-    if (erdma_forked) return erdma_forked_refuse("test");
-    if (!req || req->type == REQ_FREE) {
-        WARN("test: not a live request (%p)", request);
-        return -EINVAL;
-    }
-    struct conn *c = req->comm;
+    if (__builtin_expect(!req, 0) ||
+        __builtin_expect(any_of((unsigned)erdma_forked | (req->type == REQ_FREE)), 0))
+        return test_refused(request);
     if (!req->done) {
-        int ret = conn_progress(c);
+        int ret = req->type == REQ_SEND ? send_progress(req->comm) : recv_progress(req->comm);
         /* a request that completed before the connection failed did move its data */
         if (!req->done) return ret;
     }
     *done = 1;
-    if (sizes && req->type != REQ_FLUSH) {
-        int n = req->type == REQ_RECV ? req->n : 1;
-        for (int i = 0; i < n; i++)
-            sizes[i] = req->sizes[i] > INT_MAX ? INT_MAX : (int)req->sizes[i];
+    if (any_of((sizes != NULL) & (req->type != REQ_FLUSH))) {
+        sizes[0] = size_reported(req->sizes[0]);
+        if (__builtin_expect(any_of((req->type == REQ_RECV) & (req->n > 1)), 0))
+            for (int i = 1; i < req->n; i++)
+                sizes[i] = size_reported(req->sizes[i]);
+    }
+    /* the next request taken is this one, its line still in cache (req_alloc) */
+    if (req->type == REQ_SEND) {
+        struct send_comm *sc = req->comm;
+        sc->req_next = (int)(req - sc->reqs);
+    } else {
+        struct recv_comm *rc = req->comm;
+        rc->req_next = (int)(req - rc->reqs);
     }
     req->type = REQ_FREE;
     return 0;

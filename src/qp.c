@@ -54,6 +54,8 @@ int qp_create_stepped(struct qp_ctx *q, struct ibv_cq *cq, int sq_depth, int rq_
         }
         q->qp = qp;
         q->sq_depth = (int)a.cap.max_send_wr < sq_depth ? (int)a.cap.max_send_wr : sq_depth;
+        /* the accounting ring holds one entry per WR at worst (comm.h) */
+        if (q->sq_depth > ERDMA_SQ_RING) q->sq_depth = ERDMA_SQ_RING;
         q->max_inline = (int)a.cap.max_inline_data > ERDMA_MAX_INLINE ? ERDMA_MAX_INLINE
                                                                       : (int)a.cap.max_inline_data;
         return 0;

@@ -47,14 +47,14 @@ static inline void qp_sq_push(struct qp_ctx *q, int nwr, bool signaled) {
     q->unsignaled += nwr;
     if (!signaled) return;
     q->sig_ring[q->sig_tail] = (uint16_t)q->unsignaled;
-    q->sig_tail = (q->sig_tail + 1) % ERDMA_MAX_SQ_WR;
+    q->sig_tail = (q->sig_tail + 1) & (ERDMA_SQ_RING - 1);
     q->unsignaled = 0;
 }
 /* A signaled completion: the WRs it and the unsignaled ones before it held are free again. */
 static inline void qp_sq_retire(struct qp_ctx *q) {
     if (q->sig_head == q->sig_tail) return;
     q->sq_used -= q->sig_ring[q->sig_head];
-    q->sig_head = (q->sig_head + 1) % ERDMA_MAX_SQ_WR;
+    q->sig_head = (q->sig_head + 1) & (ERDMA_SQ_RING - 1);
 }
 
 #endif
