@@ -58,7 +58,7 @@ static inline uint32_t wr_idx(uint64_t id) {
 /* One branch for several tests: `if (any_of(a | b))`. GCC splits `a | b` of comparisons
  * back into a branch each unless the value is first made opaque, and under emulation every
  * branch on a message's path costs more than the instructions around it (bench/README.md,
- * "branches, not instructions"). */
+ * 2026-12-07 05:50). */
 static inline bool any_of(unsigned bits) {
     __asm__("" : "+r"(bits));
     return bits != 0;
@@ -139,8 +139,8 @@ static void report_wc_error(struct conn *c, const struct ibv_wc *wc) {
 }
 
 /* ------------------------------------------------------------ requests */
-/* Requests are taken and given back nearly in order, so the search starts after the last
- * one taken and usually ends at its first look (tested alone: the loop is the rare case).
+/* The search starts where test() last freed a request (its line still in cache), or after
+ * the last one taken, and usually ends at its first look (tested alone: the loop is rare).
  * Only the fields every request reads are cleared (the hot path): sizes[] is written before
  * done is set. n is a power of two. */
 static inline struct erdma_request *req_take(struct erdma_request *r, void *comm,
@@ -278,9 +278,7 @@ void p2p_prof_close(struct conn *c) {
  * clock, which another thread may have just set a step back (conn.h): a span that would wrap
  * around is none. */
 static inline void stats_inflight(struct conn *c, uint64_t now, uint64_t posted_ns) {
-    uint64_t span = now > posted_ns ? now - posted_ns : 0;
-    uint64_t *ctr = &c->stats.c.max_inflight_ns, old = __atomic_load_n(ctr, __ATOMIC_RELAXED);
-    __atomic_store_n(ctr, span > old ? span : old, __ATOMIC_RELAXED); /* no branch: see below */
+    stats_max(&c->stats.c.max_inflight_ns, now > posted_ns ? now - posted_ns : 0);
 }
 
 /* The end of a receive: its sizes are in req->sizes. */
@@ -389,22 +387,23 @@ static bool cts_may_wait(const struct recv_comm *rc, uint64_t recv_bytes) {
 }
 
 /* Row r of the clear-to-sends of the FIFO slots from first on: one RDMA write of len bytes
- * (their r-th entries) into the same place of the peer's FIFO. */
+ * (their r-th entries) into the same place of the peer's FIFO. Sets the fields such a write
+ * uses, and clears none: wr's others stay as they are (zero in the comm's hot_wr and in the
+ * range's cleared arrays); next is the caller's. */
 static inline void cts_row(struct recv_comm *rc, const struct qp_ctx *qp, uint32_t first, int r,
                            uint32_t len, bool sig, struct ibv_send_wr *wr, struct ibv_sge *sge) {
     size_t at = cts_index(first, r);
-    *sge = (struct ibv_sge){
-        .addr = (uintptr_t)&rc->cts[at], .length = len, .lkey = rc->c.ctrl_mr->lkey};
-    *wr = (struct ibv_send_wr){
-        .wr_id = wr_id(WR_CTS, CTS_QP, first),
-        .sg_list = sge,
-        .num_sge = 1,
-        .opcode = IBV_WR_RDMA_WRITE,
-        .send_flags = (sig ? IBV_SEND_SIGNALED : 0) |
-                      (rc->c.inline_cts && (int)len <= qp->max_inline ? IBV_SEND_INLINE : 0),
-        .wr.rdma = {.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts),
-                    .rkey = rc->c.remote_ctrl_rkey},
-    };
+    sge->addr = (uintptr_t)&rc->cts[at];
+    sge->length = len;
+    sge->lkey = rc->c.ctrl_mr->lkey;
+    wr->wr_id = wr_id(WR_CTS, CTS_QP, first);
+    wr->sg_list = sge;
+    wr->num_sge = 1;
+    wr->opcode = IBV_WR_RDMA_WRITE;
+    unsigned inl = rc->c.inline_cts & ((int)len <= qp->max_inline);
+    wr->send_flags = IBV_SEND_SIGNALED * (unsigned)sig | IBV_SEND_INLINE * inl;
+    wr->wr.rdma.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts);
+    wr->wr.rdma.rkey = rc->c.remote_ctrl_rkey;
 }
 
 /* Posts a chain of rows clear-to-send writes, the last one signaled when signal. */
@@ -432,7 +431,7 @@ static bool cts_signal(const struct qp_ctx *qp, int rows) {
  * every slot, then each further buffer row that some slot in the range uses. */
 static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) {
     struct qp_ctx *qp = &rc->c.qps[CTS_QP];
-    struct ibv_send_wr wrs[ERDMA_MAX_RECVS];
+    struct ibv_send_wr wrs[ERDMA_MAX_RECVS] = {0};
     struct ibv_sge sges[ERDMA_MAX_RECVS];
     int rows = 1;
     for (uint32_t k = 0; k < count; k++) { /* our copies: the peer's key does not reach them */
@@ -452,22 +451,9 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
  * request (comm.h hot_wr), without the range's loops and arrays. */
 static inline __attribute__((always_inline)) int cts_post_one(struct recv_comm *rc, uint32_t slot) {
     struct qp_ctx *qp = &rc->c.qps[CTS_QP];
-    struct ibv_send_wr *wr = &rc->c.hot_wr;
-    struct ibv_sge *sge = &rc->c.hot_sge;
     bool signal = cts_signal(qp, 1);
-    size_t at = cts_index(slot, 0);
-    sge->addr = (uintptr_t)&rc->cts[at];
-    sge->length = sizeof(struct wire_cts);
-    sge->lkey = rc->c.ctrl_mr->lkey;
-    wr->wr_id = wr_id(WR_CTS, CTS_QP, slot);
-    wr->sg_list = sge;
-    wr->num_sge = 1;
-    wr->opcode = IBV_WR_RDMA_WRITE;
-    unsigned inl = rc->c.inline_cts & ((int)sizeof(struct wire_cts) <= qp->max_inline);
-    wr->send_flags = IBV_SEND_SIGNALED * (unsigned)signal | IBV_SEND_INLINE * inl;
-    wr->wr.rdma.remote_addr = rc->c.remote_ctrl_addr + at * sizeof(struct wire_cts);
-    wr->wr.rdma.rkey = rc->c.remote_ctrl_rkey;
-    return cts_post_chain(rc, qp, wr, 1, signal);
+    cts_row(rc, qp, slot, 0, sizeof(struct wire_cts), signal, &rc->c.hot_wr, &rc->c.hot_sge);
+    return cts_post_chain(rc, qp, &rc->c.hot_wr, 1, signal);
 }
 
 /* Writes every clear-to-send not yet posted: one chain per contiguous run of FIFO slots. */
@@ -1005,6 +991,16 @@ static __attribute__((cold, noinline)) int isend_refused(struct send_comm *sc) {
     return sc->c.error;
 }
 
+/* A fresh slot for the receive at fifo_seq, of n buffers: only what they use is cleared (the
+ * hot path); the caller clears or sets their reqs. */
+static inline void slot_start(struct send_comm *sc, struct send_slot *slot, int n) {
+    slot->seq = sc->fifo_seq;
+    slot->n = n;
+    slot->matched = 0;
+    slot->pending = 0;
+    slot->posted = false;
+}
+
 /* isend's matching in general: a receive of several buffers, a slot already started, one
  * whose old completion is pending, or a tag not at the head. The buffer index, or -1 with
  * what isend returns in *ret. */
@@ -1029,12 +1025,7 @@ static __attribute__((noinline)) int isend_match(struct send_comm *sc, struct se
             *ret = send_progress(sc);
             if (*ret || slot->pending > 0) return -1;
         }
-        /* a fresh slot: only what its n buffers use is cleared (the hot path) */
-        slot->seq = sc->fifo_seq;
-        slot->n = n;
-        slot->matched = 0;
-        slot->pending = 0;
-        slot->posted = false;
+        slot_start(sc, slot, n);
         for (int k = 0; k < n; k++)
             slot->sends[k].req = NULL;
     } else if (n != slot->n) {
@@ -1076,11 +1067,7 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
                       ((slot->seq != sc->fifo_seq) | (slot->matched == 0)) & (slot->pending <= 0);
     int i = 0;
     if (__builtin_expect(any_of(single), 1)) {
-        slot->seq = sc->fifo_seq;
-        slot->n = 1;
-        slot->matched = 0;
-        slot->pending = 0;
-        slot->posted = false;
+        slot_start(sc, slot, 1); /* its one buffer's req is set below */
     } else {
         int ret;
         i = isend_match(sc, slot, idx, tag, &ret);

@@ -47,8 +47,11 @@ enum stats_event { STATS_CONNECT, STATS_ACCEPT, STATS_ACCEPT_REJECT, STATS_EVENT
 static inline void stats_add(uint64_t *ctr, uint64_t n) {
     __atomic_store_n(ctr, __atomic_load_n(ctr, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
 }
+/* Stores whichever is larger, without a branch: it runs on every completion, and under
+ * emulation a branch costs more than a store (bench/README.md, 2026-12-07 05:50). */
 static inline void stats_max(uint64_t *ctr, uint64_t v) {
-    if (v > __atomic_load_n(ctr, __ATOMIC_RELAXED)) __atomic_store_n(ctr, v, __ATOMIC_RELAXED);
+    uint64_t old = __atomic_load_n(ctr, __ATOMIC_RELAXED);
+    __atomic_store_n(ctr, v > old ? v : old, __ATOMIC_RELAXED);
 }
 void stats_wc_error(struct stats_conn *s, int status);
 
