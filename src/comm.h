@@ -40,6 +40,7 @@ struct erdma_device *comm_device(void *comm);
  * is deeper (conn_sq_depth). A power of two: the ring wraps by masking. */
 #define ERDMA_SQ_RING 1024
 _Static_assert((ERDMA_SQ_RING & (ERDMA_SQ_RING - 1)) == 0, "the ring wraps by masking");
+_Static_assert(ERDMA_SQ_RING > 4 * ERDMA_FIFO_DEPTH, "room for every signaled WR (qp.h)");
 
 struct qp_ctx {
     struct ibv_qp *qp;
@@ -61,6 +62,7 @@ enum req_type { REQ_FREE = 0, REQ_SEND, REQ_RECV, REQ_FLUSH };
 struct erdma_request {
     uint32_t type;
     bool done;
+    uint16_t idx; /* its place in the comm's pool: test() points the comm's req_next at it */
     int n;
     uint32_t seq;
     void *comm;
@@ -85,6 +87,7 @@ struct conn {
     bool inline_cts;       /* NCCL_IB_USE_INLINE: clear-to-sends go inline */
     bool sends_in_syscall; /* the device's (siw: p2p.c post_send), here on the hot line */
     int nqps;
+    int req_next;     /* where the search for a free request starts (p2p.c req_alloc) */
     uint32_t max_msg; /* largest single RDMA write, both ends agree */
     struct ibv_cq *cq;
     struct ibv_mr *ctrl_mr; /* all of the control region, for our own posts: no remote access */
@@ -145,7 +148,6 @@ struct send_comm {
     /* round-robin: the QP of the slot at post_seq, counted on its own (post_seq % nqps is
      * wrong once post_seq wraps unless nqps divides 2^32; the receiver counts per QP) */
     int post_qp;
-    int req_next; /* where the search for a free request starts (p2p.c req_alloc) */
     struct send_slot slots[ERDMA_FIFO_DEPTH];
     struct erdma_request reqs[ERDMA_SEND_REQS];
     int cm_retries;        /* rdma_cm connects retried (EADDRINUSE) */
@@ -159,6 +161,7 @@ struct send_comm {
 
 struct recv_slot { /* aligned, as the sender's */
     uint32_t seq;
+    int n; /* buffers of its receive (req->n, readable before req is known to be there) */
     struct erdma_request *req;
     int expected;
     int got;
@@ -175,7 +178,6 @@ struct recv_comm {
     uint32_t cts_seq; /* receives whose clear-to-send is posted; the rest wait for a batch */
     uint32_t arrived; /* receives whose payload has landed */
     int cts_batch;    /* NCCL_ERDMA_CTS_BATCH */
-    int req_next;     /* as the sender's */
     /* RC keeps each QP's completions in posting order, so the sequence a completion belongs
      * to follows from its QP: round-robin gives QP q every nqps-th slot, split gives it all */
     uint32_t next_seq[ERDMA_MAX_QPS];

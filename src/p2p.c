@@ -64,6 +64,29 @@ static inline bool any_of(unsigned bits) {
     return bits != 0;
 }
 
+/* p, or fallback where p is NULL, chosen without a branch (GCC compiles the ?: form to
+ * one): a stand-in read through it lets a NULL join its path's one combined test. */
+static inline const void *ptr_or(const void *p, const void *fallback) {
+    uintptr_t none = -(uintptr_t)(p == NULL);
+    __asm__("" : "+r"(none)); /* opaque: kept as arithmetic */
+    return (const void *)((uintptr_t)p | ((uintptr_t)fallback & none));
+}
+
+/* The QP after q in a round-robin over nqps, without a branch (nqps 1 is the common case). */
+static inline int qp_next(int q, int nqps) {
+    int p = q + 1;
+    return p & -(int)(p != nqps);
+}
+
+/* A message's QPs: all of them when split (NCCL_IB_SPLIT_DATA_ON_QPS), else one (round
+ * robin); split is 0 or 1, so these are arithmetic rather than branches. */
+static inline int qps_used(const struct conn *c) {
+    return 1 + (c->nqps - 1) * (int)c->split;
+}
+static inline uint32_t seq_step(const struct conn *c) {
+    return (uint32_t)(c->nqps - (c->nqps - 1) * (int)c->split);
+}
+
 static const char *wr_kind_name(enum wr_kind k) {
     switch (k) {
     case WR_RECORD:
@@ -124,6 +147,19 @@ static inline int post_send(struct conn *c, struct ibv_qp *qp, struct ibv_send_w
     return post_send_quiet(qp, wr, bad);
 }
 
+/* The same, where the caller's fast-path test already ruled siw out (hot_path_off below). */
+static inline int post_send_direct(struct ibv_qp *qp, struct ibv_send_wr *wr,
+                                   struct ibv_send_wr **bad) {
+    return verbs_errno(vb.post_send(qp, wr, bad));
+}
+
+/* What takes a message off its common path on any comm, as a 0/1 to fold into that path's
+ * one test: siw's posts (post_send) and the profiler's events, each handled by the general
+ * path. */
+static inline unsigned hot_path_off(const struct conn *c) {
+    return (unsigned)c->sends_in_syscall | prof_active();
+}
+
 /* First failure wins: later completions are usually flushes caused by it. */
 static int conn_fail(struct conn *c, int err) {
     if (!c->error) c->error = err;
@@ -143,9 +179,10 @@ static void report_wc_error(struct conn *c, const struct ibv_wc *wc) {
  * the last one taken, and usually ends at its first look (tested alone: the loop is rare).
  * Only the fields every request reads are cleared (the hot path): sizes[] is written before
  * done is set. n is a power of two. */
-static inline struct erdma_request *req_take(struct erdma_request *r, void *comm,
+static inline struct erdma_request *req_take(struct erdma_request *r, int idx, void *comm,
                                              enum req_type type) {
     r->type = type;
+    r->idx = (uint16_t)idx;
     r->comm = comm;
     r->done = false;
     r->n = 0;
@@ -160,36 +197,41 @@ req_search(struct erdma_request *pool, int n, int *next, void *comm, enum req_ty
     for (int k = 0, i = *next; k < n; k++, i = (i + 1) & (n - 1))
         if (pool[i].type == REQ_FREE) {
             *next = (i + 1) & (n - 1);
-            return req_take(&pool[i], comm, type);
+            return req_take(&pool[i], i, comm, type);
         }
     return NULL;
 }
 
 static inline struct erdma_request *req_alloc(struct erdma_request *pool, int n, int *next,
                                               void *comm, enum req_type type) {
-    struct erdma_request *r = &pool[*next];
+    int i = *next;
+    struct erdma_request *r = &pool[i];
     if (__builtin_expect(r->type != REQ_FREE, 0)) return req_search(pool, n, next, comm, type);
-    *next = (*next + 1) & (n - 1);
-    return req_take(r, comm, type);
+    *next = (i + 1) & (n - 1);
+    return req_take(r, i, comm, type);
 }
 
 /* ------------------------------------------------------------ receiver side */
-int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot) {
-    struct ibv_sge sge;
-    struct ibv_recv_wr wr = {.wr_id = wr_id(WR_RECV, qp, (uint32_t)slot)}, *bad;
-    if (rc->c.completion == COMPLETION_SEND) {
-        sge.addr = (uintptr_t)&rc->ring[qp * ERDMA_RQ_DEPTH + slot];
-        sge.length = sizeof(struct wire_record);
-        sge.lkey = rc->c.ctrl_mr->lkey;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-    } /* write-with-imm consumes a receive without data: zero SGEs, as eRDMA allows */
-    int ret = verbs_errno(vb.post_recv(rc->c.qps[qp].qp, &wr, &bad));
-    if (!ret) stats_add(&rc->c.stats.c.wrs_posted, 1);
-    if (ret)
-        WARN("%s: posting a receive on QP %u failed: %s", rc->c.base.dev->name,
-             rc->c.qps[qp].qp->qp_num, strerror(-ret));
+static __attribute__((cold, noinline)) int post_recv_failed(struct recv_comm *rc, int qp, int ret) {
+    WARN("%s: posting a receive on QP %u failed: %s", rc->c.base.dev->name,
+         rc->c.qps[qp].qp->qp_num, strerror(-ret));
     return ret;
+}
+
+int p2p_post_recv_wr(struct recv_comm *rc, int qp, int slot) {
+    /* a record's buffer in send mode; write-with-imm consumes a receive without data: zero
+     * SGEs, as eRDMA allows (set without a branch: this runs on every message) */
+    struct ibv_sge sge = {.addr = (uintptr_t)&rc->ring[qp * ERDMA_RQ_DEPTH + slot],
+                          .length = sizeof(struct wire_record),
+                          .lkey = rc->c.ctrl_mr->lkey};
+    struct ibv_recv_wr wr = {.wr_id = wr_id(WR_RECV, qp, (uint32_t)slot),
+                             .sg_list = &sge,
+                             .num_sge = rc->c.completion == COMPLETION_SEND},
+                       *bad;
+    int ret = verbs_errno(vb.post_recv(rc->c.qps[qp].qp, &wr, &bad));
+    if (__builtin_expect(ret != 0, 0)) return post_recv_failed(rc, qp, ret);
+    stats_add(&rc->c.stats.c.wrs_posted, 1);
+    return 0;
 }
 
 /* Posts again every receive that arrivals consumed. An arrival only notes its receive as
@@ -229,8 +271,8 @@ static void qp_share(const struct conn *c, uint64_t size, int q, int used, uint6
 static void recv_prof_start(struct recv_comm *rc, uint32_t idx, int n, const size_t *sizes,
                             void **phandles) {
     struct conn *c = &rc->c;
-    int used = c->split ? c->nqps : 1;
-    int first = c->split ? 0 : rc->post_qp;
+    int used = qps_used(c);
+    int first = rc->post_qp * !c->split;
     int op = c->completion == COMPLETION_IMM ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_SEND;
     for (int i = 0; i < n && phandles; i++)
         for (int u = 0; u < used; u++) {
@@ -283,7 +325,7 @@ static inline void stats_inflight(struct conn *c, uint64_t now, uint64_t posted_
 
 /* The end of a receive: its sizes are in req->sizes. */
 static inline void recv_finish(struct recv_comm *rc, struct recv_slot *slot,
-                               struct erdma_request *req, uint32_t seq, uint64_t bytes) {
+                               struct erdma_request *req, uint64_t bytes) {
     uint64_t now = clock_cached_ns();
     req->done = true;
     slot->req = NULL;
@@ -291,7 +333,6 @@ static inline void recv_finish(struct recv_comm *rc, struct recv_slot *slot,
     stats_add(&rc->c.stats.c.bytes_recv, bytes);
     stats_add(&rc->c.stats.c.msgs_recv, 1);
     stats_inflight(&rc->c, now, req->posted_ns);
-    if (prof_on()) recv_prof_stop(rc, seq % ERDMA_FIFO_DEPTH, req->n);
 }
 
 static __attribute__((cold, noinline)) void recv_slot_missing(struct recv_comm *rc, uint32_t seq,
@@ -331,7 +372,8 @@ static int recv_complete_one(struct recv_comm *rc, const struct wire_record *rec
     uint64_t bytes = 0;
     for (int i = 0; i < req->n; i++)
         bytes += req->sizes[i] = rec->sizes[i];
-    recv_finish(rc, slot, req, seq, bytes);
+    recv_finish(rc, slot, req, bytes);
+    if (prof_on()) recv_prof_stop(rc, seq % ERDMA_FIFO_DEPTH, req->n);
     return 0;
 }
 
@@ -350,17 +392,16 @@ static inline __attribute__((always_inline)) int recv_complete_size(struct recv_
     struct recv_slot *slot = &rc->slots[seq % ERDMA_FIFO_DEPTH];
     struct erdma_request *req = slot->req;
     /* the common arrival, its conditions tested at once: a receive waits in the slot, its
-     * clear-to-send went, it has one buffer that holds the size, and this is its only
-     * completion (one QP) */
-    if (__builtin_expect(req != NULL, 1)) {
-        unsigned common = (slot->seq == seq) & ((int32_t)(seq - rc->cts_seq) < 0) & (req->n == 1) &
-                          (size <= slot->posted_sizes[0]) & (slot->got + 1 >= slot->expected);
-        if (__builtin_expect(any_of(common), 1)) {
-            slot->got++;
-            req->sizes[0] = size;
-            recv_finish(rc, slot, req, seq, size);
-            return 0;
-        }
+     * clear-to-send went, it has one buffer that holds the size, this is its only completion
+     * (one QP), and no profiler event waits for it */
+    unsigned common = (req != NULL) & (slot->seq == seq) & ((int32_t)(seq - rc->cts_seq) < 0) &
+                      (slot->n == 1) & (size <= slot->posted_sizes[0]) &
+                      (slot->got + 1 >= slot->expected) & !prof_active();
+    if (__builtin_expect(any_of(common), 1)) {
+        slot->got++;
+        req->sizes[0] = size;
+        recv_finish(rc, slot, req, size);
+        return 0;
     }
     /* anything else takes the checks that name what is wrong */
     return recv_complete_size_checked(rc, size, seq);
@@ -406,16 +447,22 @@ static inline void cts_row(struct recv_comm *rc, const struct qp_ctx *qp, uint32
     wr->wr.rdma.rkey = rc->c.remote_ctrl_rkey;
 }
 
-/* Posts a chain of rows clear-to-send writes, the last one signaled when signal. */
-static inline int cts_post_chain(struct recv_comm *rc, struct qp_ctx *qp, struct ibv_send_wr *wrs,
-                                 int rows, bool signal) {
+static __attribute__((cold, noinline)) int cts_post_failed(struct recv_comm *rc,
+                                                           const struct qp_ctx *qp, int ret) {
+    WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
+         qp->qp->qp_num, rc->c.peer, strerror(-ret));
+    return conn_fail(&rc->c, ret);
+}
+
+/* Posts a chain of rows clear-to-send writes, the last one signaled when signal. direct: the
+ * caller ruled siw out (post_send_direct). */
+static inline __attribute__((always_inline)) int cts_post_chain(struct recv_comm *rc,
+                                                                struct qp_ctx *qp,
+                                                                struct ibv_send_wr *wrs, int rows,
+                                                                bool signal, bool direct) {
     struct ibv_send_wr *bad;
-    int ret = post_send(&rc->c, qp->qp, wrs, &bad);
-    if (ret) {
-        WARN("%s: posting clear-to-send on QP %u to %s failed: %s", rc->c.base.dev->name,
-             qp->qp->qp_num, rc->c.peer, strerror(-ret));
-        return conn_fail(&rc->c, ret);
-    }
+    int ret = direct ? post_send_direct(qp->qp, wrs, &bad) : post_send(&rc->c, qp->qp, wrs, &bad);
+    if (__builtin_expect(ret != 0, 0)) return cts_post_failed(rc, qp, ret);
     qp_sq_push(qp, rows, signal);
     stats_add(&rc->c.stats.c.wrs_posted, (uint64_t)rows);
     return 0;
@@ -444,16 +491,17 @@ static int cts_post_range(struct recv_comm *rc, uint32_t first, uint32_t count) 
         cts_row(rc, qp, first, r, len, signal && r == rows - 1, &wrs[r], &sges[r]);
         if (r > 0) wrs[r - 1].next = &wrs[r];
     }
-    return cts_post_chain(rc, qp, wrs, rows, signal);
+    return cts_post_chain(rc, qp, wrs, rows, signal, false);
 }
 
 /* The common clear-to-send, one slot of one buffer: its one write, in the comm's own work
  * request (comm.h hot_wr), without the range's loops and arrays. */
-static inline __attribute__((always_inline)) int cts_post_one(struct recv_comm *rc, uint32_t slot) {
+static inline __attribute__((always_inline)) int cts_post_one(struct recv_comm *rc, uint32_t slot,
+                                                              bool direct) {
     struct qp_ctx *qp = &rc->c.qps[CTS_QP];
     bool signal = cts_signal(qp, 1);
     cts_row(rc, qp, slot, 0, sizeof(struct wire_cts), signal, &rc->c.hot_wr, &rc->c.hot_sge);
-    return cts_post_chain(rc, qp, &rc->c.hot_wr, 1, signal);
+    return cts_post_chain(rc, qp, &rc->c.hot_wr, 1, signal, direct);
 }
 
 /* Writes every clear-to-send not yet posted: one chain per contiguous run of FIFO slots. */
@@ -474,7 +522,7 @@ static inline __attribute__((always_inline)) int cts_flush(struct recv_comm *rc)
     uint32_t first = rc->cts_seq % ERDMA_FIFO_DEPTH;
     if (any_of((rc->seq - rc->cts_seq - 1) | (rc->cts[cts_index(first, 0)].nreqs - 1u)))
         return cts_flush_runs(rc);
-    int ret = cts_post_one(rc, first);
+    int ret = cts_post_one(rc, first, false);
     if (!ret) rc->cts_seq++;
     return ret;
 }
@@ -484,19 +532,14 @@ static bool cts_room(struct recv_comm *rc) {
     return qp_sq_room(&rc->c.qps[CTS_QP]) >= CTS_SIGNAL_EVERY;
 }
 
-static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
+static int wc_failed(struct conn *c, const struct ibv_wc *wc);
+
+/* Any completion of a receive comm but the common arrival (recv_handle_wc) */
+static __attribute__((noinline)) int recv_handle_wc_general(struct recv_comm *rc,
+                                                            const struct ibv_wc *wc) {
+    if (wc->status != IBV_WC_SUCCESS) return wc_failed(&rc->c, wc);
     int q = wr_qp(wc->wr_id);
-    /* the common arrival: a write-with-immediate whose immediate is its size */
     uint32_t imm = ntohl(wc->imm_data);
-    unsigned sized = (wr_kind_of(wc->wr_id) == WR_RECV) &
-                     (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) &
-                     (rc->c.completion == COMPLETION_IMM) & !(imm & IMM_RECORD);
-    if (__builtin_expect(any_of(sized), 1)) {
-        uint32_t seq = rc->next_seq[q];
-        rc->next_seq[q] += rc->c.split ? 1 : (uint32_t)rc->c.nqps;
-        int ret = rq_owe(rc, q, wr_idx(wc->wr_id));
-        return ret ? ret : recv_complete_size(rc, imm, seq);
-    }
     switch (wr_kind_of(wc->wr_id)) {
     case WR_CTS:
         qp_sq_retire(&rc->c.qps[q]);
@@ -526,7 +569,7 @@ static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
             if (wc->byte_len != sizeof(rec)) break;
             rec = rc->ring[q * ERDMA_RQ_DEPTH + (int)wr_idx(wc->wr_id)];
         }
-        rc->next_seq[q] += rc->c.split ? 1 : (uint32_t)rc->c.nqps;
+        rc->next_seq[q] += seq_step(&rc->c);
         int ret = rq_owe(rc, q, wr_idx(wc->wr_id));
         if (ret) return ret;
         return size >= 0 ? recv_complete_size(rc, (uint32_t)size, seq)
@@ -540,6 +583,23 @@ static int recv_handle_wc(struct recv_comm *rc, const struct ibv_wc *wc) {
     return conn_fail(&rc->c, -EPROTO);
 }
 
+/* The common arrival, tested at once: a successful write-with-immediate whose immediate is
+ * its size, and room to note its receive as owed. */
+static inline __attribute__((always_inline)) int recv_handle_wc(struct recv_comm *rc,
+                                                                const struct ibv_wc *wc) {
+    int q = wr_qp(wc->wr_id);
+    uint32_t imm = ntohl(wc->imm_data);
+    unsigned sized = (wc->status == IBV_WC_SUCCESS) & (wr_kind_of(wc->wr_id) == WR_RECV) &
+                     (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) &
+                     (rc->c.completion == COMPLETION_IMM) & !(imm & IMM_RECORD) &
+                     (rc->nowed + 1 < ERDMA_RQ_OWED_MAX);
+    if (__builtin_expect(!any_of(sized), 0)) return recv_handle_wc_general(rc, wc);
+    uint32_t seq = rc->next_seq[q];
+    rc->next_seq[q] += seq_step(&rc->c);
+    rc->owed[rc->nowed++] = (uint16_t)(q * ERDMA_RQ_DEPTH + (int)wr_idx(wc->wr_id));
+    return recv_complete_size(rc, imm, seq);
+}
+
 /* ------------------------------------------------------------ sender side */
 static inline void send_done(struct send_comm *sc, struct send_slot *slot, int i, uint64_t now) {
     struct erdma_request *req = slot->sends[i].req;
@@ -549,7 +609,9 @@ static inline void send_done(struct send_comm *sc, struct send_slot *slot, int i
     stats_inflight(&sc->c, now, req->posted_ns);
 }
 
-static void send_handle_record_done(struct send_comm *sc, int q, uint32_t slot_idx) {
+/* Any other completion of a slot's writes (send_handle_record_done) */
+static __attribute__((noinline)) void send_record_done_general(struct send_comm *sc, int q,
+                                                               uint32_t slot_idx) {
     struct send_slot *slot = &sc->slots[slot_idx];
     qp_sq_retire(&sc->c.qps[q]);
     if (prof_on())
@@ -562,9 +624,11 @@ static void send_handle_record_done(struct send_comm *sc, int q, uint32_t slot_i
         send_done(sc, slot, i, now);
 }
 
-static int send_handle_wc(struct send_comm *sc, const struct ibv_wc *wc) {
-    if (__builtin_expect(wr_kind_of(wc->wr_id) == WR_RECORD, 1)) {
-        send_handle_record_done(sc, wr_qp(wc->wr_id), wr_idx(wc->wr_id));
+static __attribute__((noinline)) int send_handle_wc_general(struct send_comm *sc,
+                                                            const struct ibv_wc *wc) {
+    if (wc->status != IBV_WC_SUCCESS) return wc_failed(&sc->c, wc);
+    if (wr_kind_of(wc->wr_id) == WR_RECORD) {
+        send_record_done_general(sc, wr_qp(wc->wr_id), wr_idx(wc->wr_id));
         return 0;
     }
     if (wr_kind_of(wc->wr_id) == WR_WARMUP) {
@@ -574,6 +638,20 @@ static int send_handle_wc(struct send_comm *sc, const struct ibv_wc *wc) {
     WARN("%s: unexpected completion (opcode %d, wr 0x%llx) to %s", sc->c.base.dev->name, wc->opcode,
          (unsigned long long)wc->wr_id, sc->c.peer);
     return conn_fail(&sc->c, -EPROTO);
+}
+
+/* A completion of a send comm. Commonly the last write of a slot of one buffer, with no
+ * profiler: tested at once. */
+static inline __attribute__((always_inline)) int send_handle_wc(struct send_comm *sc,
+                                                                const struct ibv_wc *wc) {
+    struct send_slot *slot = &sc->slots[wr_idx(wc->wr_id) % ERDMA_FIFO_DEPTH];
+    unsigned common = (wc->status == IBV_WC_SUCCESS) & (wr_kind_of(wc->wr_id) == WR_RECORD) &
+                      (slot->pending == 1) & (slot->n == 1) & !prof_active();
+    if (__builtin_expect(!any_of(common), 0)) return send_handle_wc_general(sc, wc);
+    qp_sq_retire(&sc->c.qps[wr_qp(wc->wr_id)]);
+    slot->pending = 0;
+    send_done(sc, slot, 0, clock_cached_ns());
+    return 0;
 }
 
 /* The share of a message that QP q carries: everything on one QP, or an even split. */
@@ -601,14 +679,14 @@ static __attribute__((cold, noinline)) int send_post_failed(struct conn *c, stru
     return conn_fail(c, err);
 }
 
-/* The common slot: one buffer, on one QP, in one write whose immediate (the size) completes
- * it. Posted as that one work request, without the general path's loops (half the
- * instructions of a small message's send). 1 posted, 0 no room yet, -errno failed. */
+/* The common slot: one buffer, on one QP that has room, in one write whose immediate (the
+ * size) completes it, not on siw and with no profiler (send_post_slot tests all that at once).
+ * Posted as that one work request, without the general path's loops. 1 posted, -errno
+ * failed. */
 static inline __attribute__((always_inline)) int
 send_post_single(struct send_comm *sc, struct send_slot *slot, uint32_t idx, int q) {
     struct conn *c = &sc->c;
     struct qp_ctx *qp = &c->qps[q];
-    if (qp_sq_room(qp) < 1) return 0;
     uint32_t size = (uint32_t)slot->sends[0].size;
     const struct wire_cts *e = &sc->fifo[cts_index(idx, 0)];
     struct ibv_send_wr *wr = &c->hot_wr, *bad;
@@ -626,11 +704,10 @@ send_post_single(struct send_comm *sc, struct send_slot *slot, uint32_t idx, int
     wr->imm_data = htonl(size);
     wr->wr.rdma.remote_addr = e->addr;
     wr->wr.rdma.rkey = e->rkey;
-    int ret = post_send(c, qp->qp, wr, &bad);
+    int ret = post_send_direct(qp->qp, wr, &bad);
     if (ret) return send_post_failed(c, qp, 1, ret);
     qp_sq_push(qp, 1, true);
     stats_add(&c->stats.c.wrs_posted, 1);
-    if (prof_on()) send_prof_start(sc, slot, idx, q, 0, 1, true, IBV_WR_RDMA_WRITE_WITH_IMM);
     slot->pending = 1;
     slot->posted = true;
     return 1;
@@ -757,10 +834,11 @@ static inline __attribute__((always_inline)) int send_post_slot(struct send_comm
                                                                 struct send_slot *slot) {
     struct conn *c = &sc->c;
     uint32_t idx = slot->seq % ERDMA_FIFO_DEPTH;
-    int used = c->split ? c->nqps : 1;
-    int first = c->split ? 0 : sc->post_qp;
+    int used = qps_used(c);
+    int first = sc->post_qp * !c->split;
     unsigned single = (used == 1) & (slot->n == 1) & (c->completion == COMPLETION_IMM) &
-                      (slot->sends[0].size - 1 < (uint64_t)c->max_msg); /* 1 .. max_msg bytes */
+                      (slot->sends[0].size - 1 < (uint64_t)c->max_msg) & /* 1 .. max_msg bytes */
+                      !hot_path_off(c) & (qp_sq_room(&c->qps[first]) >= 1);
     if (__builtin_expect(any_of(single), 1)) return send_post_single(sc, slot, idx, first);
     return send_post_general(sc, slot, idx, used, first);
 }
@@ -772,7 +850,7 @@ static inline __attribute__((always_inline)) int send_post_ready(struct send_com
         int ret = send_post_slot(sc, &sc->slots[sc->post_seq % ERDMA_FIFO_DEPTH]);
         if (ret <= 0) return ret;
         sc->post_seq++;
-        sc->post_qp = sc->post_qp + 1 == sc->c.nqps ? 0 : sc->post_qp + 1;
+        sc->post_qp = qp_next(sc->post_qp, sc->c.nqps);
     } while (sc->post_seq != sc->fifo_seq);
     return 0;
 }
@@ -844,7 +922,7 @@ static __attribute__((noinline)) int wc_failed(struct conn *c, const struct ibv_
 
 /* A poll that found nothing (n == 0) or failed: off every message's critical path, so the
  * place to read the clock. */
-static __attribute__((noinline)) int conn_poll_empty(struct conn *c, int n) {
+static inline int conn_poll_empty(struct conn *c, int n) {
     if (n < 0) {
         WARN("%s: polling the completion queue failed (%d)", c->base.dev->name, n);
         return conn_fail(c, -EIO);
@@ -863,6 +941,54 @@ static __attribute__((noinline)) int conn_peer_gone(struct conn *c, int n) {
     return c->error;
 }
 
+/* A poll that found several completions, none, or failed (n < 0): each completion in turn,
+ * or conn_poll_empty. */
+static __attribute__((noinline)) int send_poll_other(struct send_comm *sc, const struct ibv_wc *wcs,
+                                                     int n) {
+    if (n <= 0) return conn_poll_empty(&sc->c, n);
+    for (int i = 0; i < n; i++) {
+        int ret = send_handle_wc(sc, &wcs[i]);
+        if (ret) return ret;
+    }
+    return 0;
+}
+static __attribute__((noinline)) int recv_poll_other(struct recv_comm *rc, const struct ibv_wc *wcs,
+                                                     int n) {
+    if (n <= 0) return conn_poll_empty(&rc->c, n);
+    for (int i = 0; i < n; i++) {
+        int ret = recv_handle_wc(rc, &wcs[i]);
+        if (ret) return ret;
+    }
+    return 0;
+}
+
+/* The rest of a sender's progress, after its poll: the peer gone, and matched slots that
+ * wait for room to be posted. */
+static __attribute__((noinline)) int send_progress_rest(struct send_comm *sc, int n, int handled) {
+    if (handled) return handled; /* the completions' failure */
+    if (sc->c.error || sc->c.peer_gone) {
+        int ret = conn_peer_gone(&sc->c, n);
+        if (ret) return ret;
+    }
+    return sc->post_seq != sc->fifo_seq ? send_post_ready(sc) : 0;
+}
+
+/* A receiver's: the peer gone, the receives its arrivals consumed (posted again on a poll
+ * that found nothing), and held clear-to-sends once the sender has none left. */
+static __attribute__((noinline)) int recv_progress_rest(struct recv_comm *rc, int n, int handled) {
+    if (handled) return handled; /* the completions' failure */
+    if (rc->c.error || rc->c.peer_gone) {
+        int ret = conn_peer_gone(&rc->c, n);
+        if (ret) return ret;
+    }
+    if (n == 0 && rc->nowed > 0) {
+        int ret = rq_repay(rc);
+        if (ret) return ret;
+    }
+    if (rc->cts_seq != rc->seq && cts_held(rc) == 0 && cts_room(rc)) return cts_flush(rc);
+    return 0;
+}
+
 /* Every test() of a pending request comes here, with the comm's kind known at compile time
  * (send_progress, recv_progress). Under emulation a branch costs more than the instructions
  * around it, so the rare cases (failure, health check, the peer gone, an empty or failed
@@ -879,33 +1005,25 @@ static inline __attribute__((always_inline)) int conn_progress_kind(struct conn 
         c->polls_since_check = 0;
         conn_check_health(c); /* a failure is sticky in c->error */
     }
-    int n = vb.poll_cq(c->cq, POLL_BATCH, wcs);
-    if (n > 0) {
-        for (int i = 0; i < n; i++) {
-            const struct ibv_wc *wc = &wcs[i];
-            int ret = __builtin_expect(wc->status != IBV_WC_SUCCESS, 0) ? wc_failed(c, wc)
-                      : kind == COMM_SEND ? send_handle_wc((struct send_comm *)c, wc)
-                                          : recv_handle_wc((struct recv_comm *)c, wc);
-            if (ret) return ret;
-        }
-    } else {
-        int ret = conn_poll_empty(c, n);
-        if (ret) return ret;
-    }
-    if (__builtin_expect(any_of((unsigned)c->error | c->peer_gone), 0)) {
-        int ret = conn_peer_gone(c, n);
-        if (ret) return ret;
-    }
+    int n = vb.poll_cq(c->cq, POLL_BATCH, wcs), ret;
+    if (__builtin_expect(n == 1, 1)) /* what a test() that completes usually finds */
+        ret = kind == COMM_SEND ? send_handle_wc((struct send_comm *)c, &wcs[0])
+                                : recv_handle_wc((struct recv_comm *)c, &wcs[0]);
+    else
+        ret = kind == COMM_SEND ? send_poll_other((struct send_comm *)c, wcs, n)
+                                : recv_poll_other((struct recv_comm *)c, wcs, n);
+    /* after the poll: the rare cases, and what a poll may have to post next */
+    unsigned more;
     if (kind == COMM_SEND) {
         struct send_comm *sc = (struct send_comm *)c;
-        return sc->post_seq != sc->fifo_seq ? send_post_ready(sc) : 0;
+        more = sc->post_seq != sc->fifo_seq;
+    } else {
+        struct recv_comm *rc = (struct recv_comm *)c;
+        more = ((n == 0) & (rc->nowed > 0)) | (rc->cts_seq != rc->seq);
     }
-    struct recv_comm *rc = (struct recv_comm *)c;
-    if (n == 0 && rc->nowed > 0) {
-        int ret = rq_repay(rc);
-        if (ret) return ret;
-    }
-    if (rc->cts_seq != rc->seq && cts_held(rc) == 0 && cts_room(rc)) return cts_flush(rc);
+    if (__builtin_expect(any_of((unsigned)ret | (unsigned)c->error | c->peer_gone | more), 0))
+        return kind == COMM_SEND ? send_progress_rest((struct send_comm *)c, n, ret)
+                                 : recv_progress_rest((struct recv_comm *)c, n, ret);
     return 0;
 }
 
@@ -982,14 +1100,20 @@ static inline volatile struct wire_cts *fifo_entry(struct send_comm *sc, uint32_
     return &sc->fifo[cts_index(idx, buf)];
 }
 
-static __attribute__((cold, noinline)) int isend_refused(struct send_comm *sc) {
+static __attribute__((cold, noinline)) int isend_refused(struct send_comm *sc, size_t size) {
     if (erdma_forked) return erdma_forked_refuse("isend");
     if (!sc || sc->c.base.kind != COMM_SEND) {
         WARN("isend: not a send comm (%p)", (void *)sc);
         return -EINVAL;
     }
-    return sc->c.error;
+    if (sc->c.error) return sc->c.error;
+    WARN("%s: isend of %zu bytes without a memory handle", sc->c.base.dev->name, size);
+    return -EINVAL;
 }
+
+/* Stands for a missing memory handle, which only an empty buffer may have (checked first):
+ * read through it, the common path needs no branch for that case. */
+static const struct erdma_mr no_mr = {.type = NCCL_PTR_HOST};
 
 /* A fresh slot for the receive at fifo_seq, of n buffers: only what they use is cleared (the
  * hot path); the caller clears or sets their reqs. */
@@ -1045,49 +1169,17 @@ static __attribute__((noinline)) int isend_match(struct send_comm *sc, struct se
     return -1;
 }
 
-/* Under emulation each branch of a message's path costs more than the instructions around
- * it (bench/README.md): the common send (one buffer, a slot it starts, its tag, a memory
- * handle) is recognised in a few combined tests, and isend_match handles the rest. */
-int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
-                void **request) {
-    struct send_comm *sc = send_comm;
-    *request = NULL;
-    if (__builtin_expect(!sc, 0) ||
-        __builtin_expect(
-            any_of((unsigned)erdma_forked | (sc->c.base.kind ^ COMM_SEND) | (uint32_t)sc->c.error),
-            0))
-        return isend_refused(sc);
-    uint32_t idx = sc->fifo_seq % ERDMA_FIFO_DEPTH;
-    volatile struct wire_cts *head = fifo_entry(sc, idx, 0);
-    if (head->seq != sc->fifo_seq + 1) /* receiver not ready: not an error */
-        return send_progress(sc);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    struct send_slot *slot = &sc->slots[idx];
-    unsigned single = (head->nreqs == 1) & (head->tag == tag) &
-                      ((slot->seq != sc->fifo_seq) | (slot->matched == 0)) & (slot->pending <= 0);
-    int i = 0;
-    if (__builtin_expect(any_of(single), 1)) {
-        slot_start(sc, slot, 1); /* its one buffer's req is set below */
-    } else {
-        int ret;
-        i = isend_match(sc, slot, idx, tag, &ret);
-        if (i < 0) return ret;
-    }
+/* The match found: buffer i of the slot at idx takes this send. single: the common slot of
+ * one buffer, just started (erdma_isend), known at compile time. */
+static inline __attribute__((always_inline)) int
+isend_take(struct send_comm *sc, struct send_slot *slot, uint32_t idx, int i, void *data,
+           size_t size, struct erdma_mr *mhandle, void *phandle, void **request, bool single) {
     /* As net_ib: a send larger than the matched buffer is truncated to it, and both ends'
      * test() report the bytes that landed. */
     uint64_t room = fifo_entry(sc, idx, i)->size; /* read once: the peer may rewrite it */
     if (size > room) size = (size_t)room;
-    struct erdma_mr *mr = mhandle;
-    uint32_t lkey = 0;
-    bool cpu_readable = true; /* inline copies with the CPU: host memory only (comm.h) */
-    if (__builtin_expect(mr != NULL, 1)) {
-        lkey = mr->lkey;
-        cpu_readable = mr->type == NCCL_PTR_HOST;
-    } else if (size > 0) {
-        WARN("%s: isend of %zu bytes without a memory handle", sc->c.base.dev->name, size);
-        return -EINVAL;
-    }
-    struct erdma_request *req = req_alloc(sc->reqs, ERDMA_SEND_REQS, &sc->req_next, sc, REQ_SEND);
+    const struct erdma_mr *mr = ptr_or(mhandle, &no_mr);
+    struct erdma_request *req = req_alloc(sc->reqs, ERDMA_SEND_REQS, &sc->c.req_next, sc, REQ_SEND);
     if (!req) return 0;
     req->n = 1;
     req->sizes[0] = size;
@@ -1097,14 +1189,48 @@ int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle
     slot->sends[i].req = req;
     slot->sends[i].data = data;
     slot->sends[i].size = size;
-    slot->sends[i].lkey = lkey;
-    slot->sends[i].cpu_readable = cpu_readable;
+    slot->sends[i].lkey = mr->lkey;
+    /* inline copies with the CPU: host memory only (comm.h) */
+    slot->sends[i].cpu_readable = mr->type == NCCL_PTR_HOST;
     *request = req;
-    if (++slot->matched < slot->n) return 0;
+    if (single)
+        slot->matched = 1;
+    else if (++slot->matched < slot->n)
+        return 0;
     sc->fifo_seq++;
     int ret = send_post_ready(sc);
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;
+}
+
+/* Under emulation each branch of a message's path costs more than the instructions around
+ * it (bench/README.md): the common send (one buffer, a slot it starts, its tag, a memory
+ * handle) is recognised in a few combined tests, and isend_match handles the rest. */
+int erdma_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                void **request) {
+    struct send_comm *sc = send_comm;
+    *request = NULL;
+    if (__builtin_expect(!sc, 0) ||
+        __builtin_expect(any_of((unsigned)erdma_forked | (sc->c.base.kind ^ COMM_SEND) |
+                                (uint32_t)sc->c.error | ((mhandle == NULL) & (size > 0))),
+                         0))
+        return isend_refused(sc, size);
+    uint32_t idx = sc->fifo_seq % ERDMA_FIFO_DEPTH;
+    volatile struct wire_cts *head = fifo_entry(sc, idx, 0);
+    if (head->seq != sc->fifo_seq + 1) /* receiver not ready: not an error */
+        return send_progress(sc);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    struct send_slot *slot = &sc->slots[idx];
+    unsigned single = (head->nreqs == 1) & (head->tag == tag) &
+                      ((slot->seq != sc->fifo_seq) | (slot->matched == 0)) & (slot->pending <= 0);
+    if (__builtin_expect(any_of(single), 1)) {
+        slot_start(sc, slot, 1); /* its one buffer's req is set by isend_take */
+        return isend_take(sc, slot, idx, 0, data, size, mhandle, phandle, request, true);
+    }
+    int ret;
+    int i = isend_match(sc, slot, idx, tag, &ret);
+    if (i < 0) return ret;
+    return isend_take(sc, slot, idx, i, data, size, mhandle, phandle, request, false);
 }
 
 static __attribute__((cold, noinline)) int irecv_refused(struct recv_comm *rc, int n) {
@@ -1131,6 +1257,16 @@ static __attribute__((cold, noinline)) int irecv_no_handle(struct recv_comm *rc,
     return -EINVAL;
 }
 
+/* irecv's less common end: a receive of several buffers, batching on, siw, or the
+ * profiler. The request is posted (the slot holds it); its clear-to-send may wait. */
+static __attribute__((noinline)) int irecv_finish_general(struct recv_comm *rc, uint32_t idx, int n,
+                                                          const size_t *sizes, void **phandles,
+                                                          uint64_t total) {
+    if (prof_on()) recv_prof_start(rc, idx, n, sizes, phandles);
+    rc->post_qp = qp_next(rc->post_qp, rc->c.nqps);
+    return cts_may_wait(rc, total) ? 0 : cts_flush(rc);
+}
+
 int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
                 void **mhandles, void **phandles, void **request) {
     struct recv_comm *rc = recv_comm;
@@ -1143,40 +1279,48 @@ int erdma_irecv(void *recv_comm, int n, void **data, const size_t *sizes, const 
     uint32_t seq = rc->seq, idx = seq % ERDMA_FIFO_DEPTH;
     struct recv_slot *slot = &rc->slots[idx];
     if (any_of((slot->req != NULL) | !cts_room(rc))) return recv_progress(rc);
+    /* The slot is free: its staging may be written before the checks below, which then
+     * leave it unposted. */
+    uint64_t total = 0;
     unsigned missing = 0;
     int i = 0;
-    do /* n >= 1 */
+    do { /* n >= 1 */
+        const struct erdma_mr *mr = ptr_or(mhandles[i], &no_mr);
         missing |= (sizes[i] > 0) & (mhandles[i] == NULL);
-    while (++i < n);
-    if (__builtin_expect(missing, 0)) return irecv_no_handle(rc, n, sizes, mhandles);
-    struct erdma_request *req = req_alloc(rc->reqs, ERDMA_RECV_REQS, &rc->req_next, rc, REQ_RECV);
-    if (!req) return 0;
-    req->n = n;
-    req->seq = seq;
-    req->posted_ns = clock_cached_ns();
-
-    uint64_t total = 0;
-    i = 0;
-    do {
-        struct erdma_mr *mr = mhandles[i];
         total += sizes[i];
         rc->cts[cts_index(idx, i)] = (struct wire_cts){.addr = (uintptr_t)data[i],
                                                        .size = sizes[i],
-                                                       .rkey = mr ? mr->rkey : 0,
+                                                       .rkey = mr->rkey,
                                                        .tag = tags[i],
                                                        .nreqs = (uint16_t)n,
                                                        .seq = seq + 1};
         slot->posted_sizes[i] = sizes[i];
     } while (++i < n);
+    if (__builtin_expect(missing, 0)) return irecv_no_handle(rc, n, sizes, mhandles);
+    struct erdma_request *req = req_alloc(rc->reqs, ERDMA_RECV_REQS, &rc->c.req_next, rc, REQ_RECV);
+    if (!req) return 0;
+    req->n = n;
+    req->seq = seq;
+    req->posted_ns = clock_cached_ns();
     slot->seq = seq;
+    slot->n = n;
     slot->req = req;
-    slot->expected = rc->c.split ? rc->c.nqps : 1;
+    slot->expected = qps_used(&rc->c);
     slot->got = 0;
     rc->seq++;
     *request = req;
-    if (prof_on()) recv_prof_start(rc, idx, n, sizes, phandles);
-    rc->post_qp = rc->post_qp + 1 == rc->c.nqps ? 0 : rc->post_qp + 1;
-    int ret = cts_may_wait(rc, total) ? 0 : cts_flush(rc);
+    /* the common receive: one buffer, its own clear-to-send the only one waiting (batching
+     * off, the default), not siw, no profiler: that one write, posted at once */
+    unsigned one =
+        (n == 1) & (rc->seq - rc->cts_seq == 1) & (rc->cts_batch <= 1) & !hot_path_off(&rc->c);
+    int ret;
+    if (__builtin_expect(any_of(one), 1)) {
+        rc->post_qp = qp_next(rc->post_qp, rc->c.nqps);
+        ret = cts_post_one(rc, idx, true);
+        rc->cts_seq += ret == 0;
+    } else {
+        ret = irecv_finish_general(rc, idx, n, sizes, phandles, total);
+    }
     if (ret) *request = NULL; /* the connection is broken; close frees the request */
     return ret;
 }
@@ -1198,7 +1342,7 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
      * reached: a caller that does is misusing the API (ENOBUFS: ncclInvalidUsage). */
     struct erdma_request *req = NULL;
     if (qp_sq_room(&rc->flush_qp) >= 1)
-        req = req_alloc(rc->reqs, ERDMA_RECV_REQS, &rc->req_next, rc, REQ_FLUSH);
+        req = req_alloc(rc->reqs, ERDMA_RECV_REQS, &rc->c.req_next, rc, REQ_FLUSH);
     if (!req) {
         WARN("%s: iflush with %d receives and flushes already in flight (at most %d each): "
              "test() the earlier requests first",
@@ -1242,14 +1386,23 @@ static inline int size_reported(uint64_t size) {
     return size > INT_MAX ? INT_MAX : (int)size;
 }
 
+/* The sizes of a receive of several buffers; none for a flush (as net_ib) */
+static __attribute__((noinline)) void test_sizes(const struct erdma_request *req, int *sizes) {
+    if (!sizes || req->type == REQ_FLUSH) return;
+    for (int i = 0; i < req->n; i++)
+        sizes[i] = size_reported(req->sizes[i]);
+}
+
 /* Every branch here is paid on each message (under emulation, per branch rather than per
  * instruction): the refusals are tested together, and a single size is copied without the
  * loop. */
+/* A NULL request reads as a freed one: test() refuses both in one test. */
+static const struct erdma_request no_request = {.type = REQ_FREE};
+
 int erdma_test(void *request, int *done, int *sizes) {
-    struct erdma_request *req = request;
+    struct erdma_request *req = (struct erdma_request *)ptr_or(request, &no_request);
     *done = 0;
-    if (__builtin_expect(!req, 0) ||
-        __builtin_expect(any_of((unsigned)erdma_forked | (req->type == REQ_FREE)), 0))
+    if (__builtin_expect(any_of((unsigned)erdma_forked | (req->type == REQ_FREE)), 0))
         return test_refused(request);
     if (!req->done) {
         int ret = req->type == REQ_SEND ? send_progress(req->comm) : recv_progress(req->comm);
@@ -1257,20 +1410,13 @@ int erdma_test(void *request, int *done, int *sizes) {
         if (!req->done) return ret;
     }
     *done = 1;
-    if (any_of((sizes != NULL) & (req->type != REQ_FLUSH))) {
+    /* the common report: one size (a send, or a receive of one buffer) */
+    if (__builtin_expect(any_of((sizes == NULL) | (req->type == REQ_FLUSH) | (req->n > 1)), 0))
+        test_sizes(req, sizes);
+    else
         sizes[0] = size_reported(req->sizes[0]);
-        if (__builtin_expect(any_of((req->type == REQ_RECV) & (req->n > 1)), 0))
-            for (int i = 1; i < req->n; i++)
-                sizes[i] = size_reported(req->sizes[i]);
-    }
     /* the next request taken is this one, its line still in cache (req_alloc) */
-    if (req->type == REQ_SEND) {
-        struct send_comm *sc = req->comm;
-        sc->req_next = (int)(req - sc->reqs);
-    } else {
-        struct recv_comm *rc = req->comm;
-        rc->req_next = (int)(req - rc->reqs);
-    }
+    ((struct conn *)req->comm)->req_next = req->idx;
     req->type = REQ_FREE;
     return 0;
 }

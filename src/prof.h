@@ -20,8 +20,12 @@ extern ncclProfilerCallback_t prof_callback;
 /* Set by init (NULL for v8/v9 or when NCCL gives none); cleared at the last finalize. */
 void prof_set(ncclProfilerCallback_t fn);
 
+/* 0 or 1, to fold into a fast path's one combined test (p2p.c any_of) */
+static inline unsigned prof_active(void) {
+    return __atomic_load_n(&prof_callback, __ATOMIC_RELAXED) != NULL;
+}
 static inline bool prof_on(void) {
-    return __builtin_expect(__atomic_load_n(&prof_callback, __ATOMIC_RELAXED) != NULL, 0);
+    return __builtin_expect(prof_active(), 0);
 }
 
 /* Starts a QP event under the request's profiler handle; *ev receives the profiler's event

@@ -507,6 +507,69 @@ static void test_refused_posts_fail_cleanly(void **state) {
     refused_post_case(2, true);
 }
 
+/* Calls NCCL never makes, each refused with a WARN that names it and the comms left usable: a
+ * buffer without a memory handle (isend, refused before its receive is even posted; irecv),
+ * test() of NULL or of a request already reported done. An empty buffer needs no handle, and
+ * the refused receive did not take its slot: the next one is matched and moves the data. */
+static void test_bad_calls_refused(void **state) {
+    (void)state;
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    char *src = malloc(64), *dst = calloc(1, 64);
+    memset(src, 0x5a, 64);
+    void *smh = reg(p.sc, src, 64), *rmh = reg(p.rc, dst, 64);
+    void *sreq = (void *)1, *rreq = (void *)1;
+    unit_log_count = 0;
+    assert_int_equal(erdma_isend(p.sc, src, 64, 1, NULL, NULL, &sreq), -EINVAL);
+    assert_null(sreq);
+    assert_logged(NCCL_LOG_WARN, "fake0", "isend of 64 bytes without a memory handle");
+
+    void *data[1] = {dst}, *none[1] = {NULL}, *mhs[1] = {rmh};
+    size_t sizes[1] = {64};
+    int tags[1] = {1}, done = -1, got[1] = {-1};
+    unit_log_count = 0;
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, none, NULL, &rreq), -EINVAL);
+    assert_null(rreq);
+    assert_logged(NCCL_LOG_WARN, "fake0", "irecv buffer 0 (64 bytes) without a memory handle");
+    unit_log_count = 0;
+    assert_int_equal(erdma_test(NULL, &done, got), -EINVAL);
+    assert_int_equal(done, 0);
+    assert_logged(NCCL_LOG_WARN, "test: not a live request");
+
+    /* an empty send needs no handle; the receive after the refused one takes slot 0 */
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+    assert_non_null(rreq);
+    sreq = NULL;
+    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
+        assert_int_equal(erdma_isend(p.sc, src, 0, 1, NULL, NULL, &sreq), 0);
+    assert_non_null(sreq);
+    int sent[1] = {-1};
+    assert_int_equal(wait_req(sreq, sent), 1);
+    assert_int_equal(wait_req(rreq, got), 1);
+    assert_int_equal(sent[0], 0);
+    assert_int_equal(got[0], 0);
+    /* and a sized one after it, with its handle */
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+    assert_non_null(rreq);
+    sreq = NULL;
+    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
+        assert_int_equal(erdma_isend(p.sc, src, 64, 1, smh, NULL, &sreq), 0);
+    assert_non_null(sreq);
+    assert_int_equal(wait_req(sreq, sent), 1);
+    assert_int_equal(wait_req(rreq, got), 1);
+    assert_int_equal(sent[0], 64);
+    assert_int_equal(got[0], 64);
+    assert_memory_equal(src, dst, 64);
+    unit_log_count = 0;
+    assert_int_equal(erdma_test(rreq, &done, got), -EINVAL); /* already reported and freed */
+    assert_logged(NCCL_LOG_WARN, "test: not a live request");
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    free(src);
+    free(dst);
+    close_pair(&p);
+}
+
 /* ---- the receiver's side: records and immediates the peer chooses ---- */
 
 /* One receive of 4 KiB on tag 1, its clear-to-send posted. */
@@ -1079,6 +1142,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_message_beyond_send_queue, setup_small_sq,
                                         teardown_env),
         cmocka_unit_test_setup_teardown(test_refused_posts_fail_cleanly, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_bad_calls_refused, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_imm_size_beyond_buffer, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_imm_record_wrong_seq, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_record_bad_count, setup_one, teardown_env),
