@@ -942,21 +942,12 @@ static __attribute__((noinline)) int conn_peer_gone(struct conn *c, int n) {
 }
 
 /* A poll that found several completions, none, or failed (n < 0): each completion in turn,
- * or conn_poll_empty. */
-static __attribute__((noinline)) int send_poll_other(struct send_comm *sc, const struct ibv_wc *wcs,
-                                                     int n) {
-    if (n <= 0) return conn_poll_empty(&sc->c, n);
+ * or conn_poll_empty. Off the common path, so one copy for both kinds. */
+static __attribute__((noinline)) int poll_other(struct conn *c, const struct ibv_wc *wcs, int n) {
+    if (n <= 0) return conn_poll_empty(c, n);
     for (int i = 0; i < n; i++) {
-        int ret = send_handle_wc(sc, &wcs[i]);
-        if (ret) return ret;
-    }
-    return 0;
-}
-static __attribute__((noinline)) int recv_poll_other(struct recv_comm *rc, const struct ibv_wc *wcs,
-                                                     int n) {
-    if (n <= 0) return conn_poll_empty(&rc->c, n);
-    for (int i = 0; i < n; i++) {
-        int ret = recv_handle_wc(rc, &wcs[i]);
+        int ret = c->base.kind == COMM_SEND ? send_handle_wc((struct send_comm *)c, &wcs[i])
+                                            : recv_handle_wc((struct recv_comm *)c, &wcs[i]);
         if (ret) return ret;
     }
     return 0;
@@ -1010,8 +1001,7 @@ static inline __attribute__((always_inline)) int conn_progress_kind(struct conn 
         ret = kind == COMM_SEND ? send_handle_wc((struct send_comm *)c, &wcs[0])
                                 : recv_handle_wc((struct recv_comm *)c, &wcs[0]);
     else
-        ret = kind == COMM_SEND ? send_poll_other((struct send_comm *)c, wcs, n)
-                                : recv_poll_other((struct recv_comm *)c, wcs, n);
+        ret = poll_other(c, wcs, n);
     /* after the poll: the rare cases, and what a poll may have to post next */
     unsigned more;
     if (kind == COMM_SEND) {
