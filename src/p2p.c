@@ -953,25 +953,21 @@ static __attribute__((noinline)) int poll_other(struct conn *c, const struct ibv
     return 0;
 }
 
-/* The rest of a sender's progress, after its poll: the peer gone, and matched slots that
- * wait for room to be posted. */
-static __attribute__((noinline)) int send_progress_rest(struct send_comm *sc, int n, int handled) {
-    if (handled) return handled; /* the completions' failure */
-    if (sc->c.error || sc->c.peer_gone) {
-        int ret = conn_peer_gone(&sc->c, n);
+/* The rest of progress after its poll, off the common path (one copy for both kinds): the
+ * completions' failure, the peer gone, then a sender's matched slots that waited for room, or
+ * a receiver's consumed receives (posted again on a poll that found nothing) and its held
+ * clear-to-sends once the sender has none left. */
+static __attribute__((noinline)) int progress_rest(struct conn *c, int n, int handled) {
+    if (handled) return handled;
+    if (c->error || c->peer_gone) {
+        int ret = conn_peer_gone(c, n);
         if (ret) return ret;
     }
-    return sc->post_seq != sc->fifo_seq ? send_post_ready(sc) : 0;
-}
-
-/* A receiver's: the peer gone, the receives its arrivals consumed (posted again on a poll
- * that found nothing), and held clear-to-sends once the sender has none left. */
-static __attribute__((noinline)) int recv_progress_rest(struct recv_comm *rc, int n, int handled) {
-    if (handled) return handled; /* the completions' failure */
-    if (rc->c.error || rc->c.peer_gone) {
-        int ret = conn_peer_gone(&rc->c, n);
-        if (ret) return ret;
+    if (c->base.kind == COMM_SEND) {
+        struct send_comm *sc = (struct send_comm *)c;
+        return sc->post_seq != sc->fifo_seq ? send_post_ready(sc) : 0;
     }
+    struct recv_comm *rc = (struct recv_comm *)c;
     if (n == 0 && rc->nowed > 0) {
         int ret = rq_repay(rc);
         if (ret) return ret;
@@ -1012,8 +1008,7 @@ static inline __attribute__((always_inline)) int conn_progress_kind(struct conn 
         more = ((n == 0) & (rc->nowed > 0)) | (rc->cts_seq != rc->seq);
     }
     if (__builtin_expect(any_of((unsigned)ret | (unsigned)c->error | c->peer_gone | more), 0))
-        return kind == COMM_SEND ? send_progress_rest((struct send_comm *)c, n, ret)
-                                 : recv_progress_rest((struct recv_comm *)c, n, ret);
+        return progress_rest(c, n, ret);
     return 0;
 }
 
@@ -1383,12 +1378,12 @@ static __attribute__((noinline)) void test_sizes(const struct erdma_request *req
         sizes[i] = size_reported(req->sizes[i]);
 }
 
-/* Every branch here is paid on each message (under emulation, per branch rather than per
- * instruction): the refusals are tested together, and a single size is copied without the
- * loop. */
 /* A NULL request reads as a freed one: test() refuses both in one test. */
 static const struct erdma_request no_request = {.type = REQ_FREE};
 
+/* Every branch here is paid on each message (under emulation, per branch rather than per
+ * instruction): the refusals are tested together, and a single size is copied without the
+ * loop. */
 int erdma_test(void *request, int *done, int *sizes) {
     struct erdma_request *req = (struct erdma_request *)ptr_or(request, &no_request);
     *done = 0;

@@ -41,11 +41,11 @@ void qp_destroy(struct qp_ctx *q);
 static inline int qp_sq_room(const struct qp_ctx *q) {
     return q->sq_depth - q->sq_used;
 }
-/* nwr WRs were posted; the last one signaled or not. (Inline: every post on the hot path.) */
-/* Both without a branch (each message pays them). The entry at sig_tail is free, so it is
- * written whether or not it is then kept: the ring outsizes the signaled WRs a QP can have
- * outstanding (one per FIFO slot and QP, a flush per receive, the warm-ups, every 16th
- * clear-to-send of a queue of at most 4 * FIFO_DEPTH). */
+/* nwr WRs were posted; the last one signaled or not. Inline and without a branch, as
+ * qp_sq_retire: every message pays them. The entry at sig_tail is free, so it is written
+ * whether or not it is then kept: the ring outsizes the signaled WRs a QP can have outstanding
+ * (one per FIFO slot and QP, a flush per receive, the warm-ups, every 16th clear-to-send of a
+ * queue of at most 4 * FIFO_DEPTH). */
 static inline void qp_sq_push(struct qp_ctx *q, int nwr, bool signaled) {
     unsigned sig = signaled, total = (unsigned)q->unsignaled + (unsigned)nwr;
     q->sq_used += nwr;
