@@ -276,6 +276,7 @@ struct connect_state {
     uint64_t retry_at;
     int backoff_ms;
     int attempts;
+    const char *port_why; /* why the device's port could not be used, while waiting for it */
     struct wire_conn_msg msg;
     size_t io_done;
 };
@@ -364,6 +365,37 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     return 0;
 }
 
+#define PORT_POLL_MS 50
+
+/* Before the TCP connection (and so before the peer sees our QPs): 1 go on, 0 the port
+ * cannot be used yet (the link is down, or its GID not back): wait, within the deadline;
+ * -errno failed. QPs made before the port's last down are made again, with the hello. */
+static int connect_port_ready(struct connect_state *st, struct erdma_device *dev) {
+    const char *why = device_port_unusable(dev);
+    if (why) {
+        if (!st->port_why)
+            INFO(NCCL_NET,
+                 "%s: %s (check the link of %s): the connect to %s waits for it, up to "
+                 "NCCL_ERDMA_CONNECT_TIMEOUT=%lds",
+                 dev->name, why, dev->netdev[0] ? dev->netdev : "its netdev", st->sc->c.peer,
+                 param_int(P_ERDMA_CONNECT_TIMEOUT));
+        st->port_why = why;
+        st->retry_at = now_ns() + PORT_POLL_MS * 1000000ull;
+        return 0;
+    }
+    st->port_why = NULL;
+    if (st->sc->c.port_downs == __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE)) return 1;
+    char peer[sizeof(st->sc->c.peer)];
+    memcpy(peer, st->sc->c.peer, sizeof(peer));
+    send_comm_free(st->sc);
+    st->sc = NULL;
+    int rc = send_comm_setup(st, dev);
+    if (st->sc) memcpy(st->sc->c.peer, peer, sizeof(peer));
+    if (rc) return rc;
+    INFO(NCCL_NET, "%s: port usable again: connecting to %s", dev->name, peer);
+    return 1;
+}
+
 static int connect_apply_reply(struct connect_state *st, struct erdma_device *dev) {
     struct send_comm *sc = st->sc;
     struct wire_conn_msg *m = &st->msg;
@@ -411,6 +443,8 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
     switch (st->stage) {
     case CS_TCP_START:
         if (now_ns() < st->retry_at) return 0;
+        rc = connect_port_ready(st, dev);
+        if (rc <= 0) return rc;
         st->attempts++;
         rc = oob_connect_start(&st->peer.addr, &sc->c.fd);
         if (rc) return rc;
@@ -554,7 +588,14 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
         *handle_state_slot(handle) = st;
     }
     rc = connect_step(st, dev);
-    if (rc == 0 && now_ns() > st->deadline) {
+    bool late = rc == 0 && now_ns() > st->deadline; /* one reading for both messages */
+    if (late && st->stage == CS_TCP_START && st->port_why) {
+        WARN("%s: could not connect to %s within NCCL_ERDMA_CONNECT_TIMEOUT=%lds: %s; check "
+             "the link of %s",
+             dev->name, st->sc->c.peer, param_int(P_ERDMA_CONNECT_TIMEOUT), st->port_why,
+             dev->netdev[0] ? dev->netdev : "its netdev");
+        rc = -ETIMEDOUT;
+    } else if (late) {
         WARN("%s: could not connect to %s within NCCL_ERDMA_CONNECT_TIMEOUT=%lds (%d TCP "
              "attempt(s), stopped %s). Is the peer alive and reachable on this interface?",
              dev->name, st->sc->c.peer, param_int(P_ERDMA_CONNECT_TIMEOUT), st->attempts,
@@ -626,7 +667,9 @@ struct accept_state {
     uint64_t deadline;
     struct wire_conn_msg msg;
     size_t io_done;
-    uint32_t cm_token; /* rdma_cm mode: what our requests must carry (from the listen) */
+    uint32_t cm_token;    /* rdma_cm mode: what our requests must carry (from the listen) */
+    const char *port_why; /* why the device's port could not be used, while waiting for it */
+    uint64_t port_retry_at;
 };
 
 static void recv_comm_release(struct conn *c) {
@@ -843,6 +886,22 @@ static int accept_candidates(struct listen_comm *lc) {
     return candidates_read(lc, hello_s);
 }
 
+/* 1 the port can carry the connection's QPs, 0 not yet (the handshake's deadline bounds the
+ * wait). Nothing of ours exists yet: the hello only names the peer's QPs. */
+static int accept_port_ready(struct accept_state *as, struct erdma_device *dev) {
+    if (as->port_why && now_ns() < as->port_retry_at) return 0;
+    const char *why = device_port_unusable(dev);
+    as->port_retry_at = now_ns() + PORT_POLL_MS * 1000000ull;
+    if (why && !as->port_why)
+        INFO(NCCL_NET,
+             "%s: %s (check the link of %s): the connection from %s waits for it, up to "
+             "NCCL_ERDMA_CONNECT_TIMEOUT=%lds",
+             dev->name, why, dev->netdev[0] ? dev->netdev : "its netdev", as->peer,
+             param_int(P_ERDMA_CONNECT_TIMEOUT));
+    as->port_why = why;
+    return why == NULL;
+}
+
 static int accept_step(struct listen_comm *lc, struct accept_state *as) {
     struct erdma_device *dev = lc->base.dev;
     char why[160];
@@ -851,6 +910,8 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
     case AS_TCP_ACCEPT: /* candidates are accepted by accept_candidates() */
         return -ENOTRECOVERABLE;
     case AS_RECV_HELLO: /* complete and valid */
+        /* the QPs wait for a port that can carry them (device_port_unusable) */
+        if ((rc = accept_port_ready(as, dev)) <= 0) return rc;
         if (dev->connect_mode == CONNECT_RDMACM && ++lc->last_token == 0) lc->last_token = 1;
         as->cm_token = lc->last_token;
         rc = recv_comm_setup(as, dev);
@@ -952,7 +1013,14 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
     }
     struct accept_state *as = lc->pending;
     int rc = accept_step(lc, as);
-    if (rc == 0 && now_ns() > as->deadline) {
+    bool late = rc == 0 && now_ns() > as->deadline; /* one reading for both messages */
+    if (late && as->port_why) {
+        WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds: "
+             "%s; check the link of %s",
+             lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT), as->port_why,
+             lc->base.dev->netdev[0] ? lc->base.dev->netdev : "its netdev");
+        rc = -ETIMEDOUT;
+    } else if (late) {
         WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds "
              "(stopped %s)",
              lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT),

@@ -566,6 +566,25 @@ int devices_count(void) {
     return ndevices;
 }
 
+/* A link flap is brief, and connection setup waits it out (conn.c) rather than fail in QP
+ * setup with a misleading error. The port must be active by the driver's word and not down by
+ * the async thread's last event for it (the events lag the driver: both must agree), and in
+ * GID mode our GID must be back at its index (the kernel re-adds it after the link comes up;
+ * until then a QP's RTR fails with ENETUNREACH). */
+const char *device_port_unusable(struct erdma_device *d) {
+    if (__atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE) == -ENETDOWN)
+        return "its port went down and is not active again";
+    struct ibv_port_attr pa;
+    if (vb.query_port(d->ctx, (uint8_t)d->port, &pa) == 0 && pa.state != IBV_PORT_ACTIVE)
+        return "its port is not active";
+    if (d->connect_mode != CONNECT_GID) return NULL;
+    union ibv_gid g;
+    if (vb.query_gid(d->ctx, (uint8_t)d->port, d->gid_index, &g) == 0 &&
+        memcmp(&g, &d->gid, sizeof(g)) != 0)
+        return "its GID is not (or no longer) at the index it was found at";
+    return NULL;
+}
+
 struct erdma_device *device_get(int index) {
     return index >= 0 && index < ndevices ? &devices[index] : NULL;
 }

@@ -89,6 +89,9 @@ int devices_discover(void);
 void devices_release(void);
 int devices_count(void);
 struct erdma_device *device_get(int index);
+
+/* NULL when the device's port can carry a new connection now, else why not, in words. */
+const char *device_port_unusable(struct erdma_device *d);
 void device_fill_props(const struct erdma_device *dev, struct erdma_props *props);
 
 /* Pure helpers, exposed for unit tests. */

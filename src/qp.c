@@ -117,6 +117,14 @@ int qp_connect_gid(struct erdma_device *dev, struct qp_ctx *q, uint32_t remote_q
                                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
                                           IBV_QP_MIN_RNR_TIMER));
+    const char *down = rc ? device_port_unusable(dev) : NULL;
+    if (down) { /* the link flapped in the middle of the handshake */
+        WARN("%s: QP %u to RTR towards %s failed: %s (%s): check the link of %s; connections "
+             "made once it is back work",
+             dev->name, q->qp->qp_num, peer, strerror(-rc), down,
+             dev->netdev[0] ? dev->netdev : "its netdev");
+        return rc;
+    }
     if (rc) {
         WARN("%s: QP %u to RTR towards %s (remote QP %u, GID index %d) failed: %s. A wrong "
              "NCCL_IB_GID_INDEX is the usual cause; eRDMA compat mode wants 1.",

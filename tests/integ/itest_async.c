@@ -2,8 +2,9 @@
  * Integration: asynchronous device events. The netdev under rxe0 is taken down while a
  * connection waits for data; the async-event thread must turn the PORT_ERR into an error
  * on the next call (not a hang); after the port is back that connection stays failed, a new
- * one in the same init moves data, and a fresh finalize/dlclose and init work. Runs last in the VM
- * (it takes eth0 down and up again).
+ * one in the same init moves data, and a fresh finalize/dlclose and init work. Then, on rxe0
+ * and siw0, a connect begun while the link is down waits for it and connects once it is back.
+ * Runs last in the VM (it takes eth0 and eth1 down and up again).
  */
 #include "netapi.h"
 
@@ -26,10 +27,9 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Waits until rxe0's IPv4-mapped GID is back at index 1 after the link comes up (the kernel
- * re-adds it from a work queue); says what the table held when it is not. */
-static int wait_gid_back(double limit_s) {
-    const char *path = "/sys/class/infiniband/rxe0/ports/1/gids/1";
+/* Polls path until it holds want: the seconds that took, or -1 after limit_s (saying what
+ * it held). */
+static double wait_file_holds(const char *path, const char *want, double limit_s) {
     char buf[64] = "";
     double t0 = now_s();
     while (now_s() - t0 < limit_s) {
@@ -39,14 +39,22 @@ static int wait_gid_back(double limit_s) {
             if (!fgets(buf, sizeof(buf), f)) buf[0] = 0;
             fclose(f);
         }
-        if (strstr(buf, "ffff:0a4d:0001")) {
-            fprintf(stderr, "FIGURE: rxe0's GID 1 back %.2f s after the link came up\n",
-                    now_s() - t0);
-            return 0;
-        }
+        if (strstr(buf, want)) return now_s() - t0;
         usleep(100000);
     }
-    fprintf(stderr, "rxe0's GID 1 not back after %.0f s: %s holds \"%s\"\n", limit_s, path, buf);
+    fprintf(stderr, "%s does not hold \"%s\" after %.0f s: \"%s\"\n", path, want, limit_s, buf);
+    return -1;
+}
+
+/* Waits until rxe0's IPv4-mapped GID is back at index 1 after the link comes up (the kernel
+ * re-adds it from a work queue); shows the link and GID table when it is not. */
+static int wait_gid_back(double limit_s) {
+    double t =
+        wait_file_holds("/sys/class/infiniband/rxe0/ports/1/gids/1", "ffff:0a4d:0001", limit_s);
+    if (t >= 0) {
+        fprintf(stderr, "FIGURE: rxe0's GID 1 back %.2f s after the link came up\n", t);
+        return 0;
+    }
     if (system("ip addr show dev eth0 >&2; cat /sys/class/infiniband/rxe0/ports/1/state >&2; "
                "head -n1 /sys/class/infiniband/rxe0/ports/1/gids/[0-3] >&2"))
         fprintf(stderr, "(could not show the link and GID table)\n");
@@ -144,7 +152,89 @@ static void test_port_down(void **state) {
     assert_int_equal(duo_run(receiver, sender, NULL, 120), 0);
 }
 
+/* A connection set up across a link flap: the sender's connect starts with the device's
+ * netdev down, and the link comes back 2 s later. The plugin waits for the port (and, on
+ * RoCE, its GID) within NCCL_ERDMA_CONNECT_TIMEOUT; before, both ends failed at once in the
+ * QPs' RTR ("A wrong NCCL_IB_GID_INDEX is the usual cause"). */
+struct flap {
+    const char *dev, *netdev;
+};
+
+/* Waits until dev's port is ACTIVE again, so that what runs next finds the link up. */
+static int wait_port_active(const char *dev, double limit_s) {
+    char path[128];
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/1/state", dev);
+    return wait_file_holds(path, "ACTIVE", limit_s) >= 0 ? 0 : -1;
+}
+
+static int flap_receiver(struct duo *d, void *arg) {
+    const struct flap *f = arg;
+    struct netapi n;
+    void *lc, *rc, *mh, *req;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, 12, f->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    CHECK(net_accept(&n, lc, &rc, 60) == 0);
+    static uint8_t buf[FLAP_MSG];
+    CHECK(net_regmr(&n, rc, buf, sizeof(buf), &mh) == 0);
+    void *data = buf;
+    size_t sz = sizeof(buf);
+    int tag = 0, got = -1;
+    CHECK(net_irecv(&n, rc, 1, &data, &sz, &tag, &mh, &req, 60) == 0);
+    CHECK(net_wait(&n, req, &got, 30) == 0);
+    CHECK(got == FLAP_MSG && pattern_check(buf, FLAP_MSG, 43) < 0);
+    CHECK(net_deregmr(&n, rc, mh) == 0);
+    CHECK(duo_barrier(d) == 0);
+    net_close_recv(&n, rc);
+    net_close_listen(&n, lc);
+    net_close(&n);
+    return 0;
+}
+
+static int flap_sender(struct duo *d, void *arg) {
+    const struct flap *f = arg;
+    struct netapi n;
+    void *sc, *mh, *req;
+    char handle[NCCL_NET_HANDLE_MAXSIZE], cmd[128];
+    CHECK(net_open(&n, 12, f->dev) == 0);
+    CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+    log_reset();
+    snprintf(cmd, sizeof(cmd), "ip link set %s down", f->netdev);
+    CHECK(system(cmd) == 0);
+    snprintf(cmd, sizeof(cmd), "(sleep 2; ip link set %s up) &", f->netdev);
+    CHECK(system(cmd) == 0);
+    double t0 = now_s();
+    int r = net_connect(&n, handle, &sc, 60);
+    double t = now_s() - t0;
+    fprintf(stderr,
+            "FIGURE: %s: a connect begun with %s down (up again 2 s later): rc %d after %.2f s\n",
+            f->dev, f->netdev, r, t);
+    CHECK(wait_port_active(f->dev, 30) == 0);
+    CHECK(r == 0);
+    CHECK(t >= 1.5); /* it did wait for the link */
+    CHECK(log_contains("waits for it"));
+    static uint8_t buf[FLAP_MSG];
+    pattern_fill(buf, FLAP_MSG, 43);
+    CHECK(net_regmr(&n, sc, buf, sizeof(buf), &mh) == 0);
+    CHECK(net_isend(&n, sc, buf, FLAP_MSG, 0, mh, &req, 60) == 0);
+    CHECK(net_wait(&n, req, NULL, 30) == 0);
+    CHECK(net_deregmr(&n, sc, mh) == 0);
+    CHECK(duo_barrier(d) == 0);
+    net_close_send(&n, sc);
+    net_close(&n);
+    return 0;
+}
+
+static void test_connect_across_a_flap(void **state) {
+    assert_true(in_rdma_vm());
+    static const struct flap flaps[] = {{"rxe0", "eth0"}, {"siw0", "eth1"}};
+    for (size_t i = 0; i < sizeof(flaps) / sizeof(flaps[0]); i++)
+        assert_int_equal(duo_run(flap_receiver, flap_sender, (void *)&flaps[i], 120), 0);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_port_down)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_port_down),
+                                       cmocka_unit_test(test_connect_across_a_flap)};
     return cmocka_run_group_tests_name("integration: async events", tests, NULL, NULL);
 }

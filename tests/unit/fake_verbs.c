@@ -803,6 +803,18 @@ int fake_inject_recv(struct ibv_qp *qp, enum ibv_wc_opcode op, uint32_t imm, con
     return 0;
 }
 
+void fake_port_set_state(int dev, enum ibv_port_state state) {
+    pthread_mutex_lock(&lock);
+    devs[dev].port.state = state;
+    pthread_mutex_unlock(&lock);
+}
+
+void fake_gid_set(int dev, int index, const union ibv_gid *gid) {
+    pthread_mutex_lock(&lock);
+    devs[dev].gids[index] = *gid;
+    pthread_mutex_unlock(&lock);
+}
+
 int fake_recv_posted(struct ibv_qp *qp) {
     return ((struct fake_qp *)qp)->rq_count;
 }

@@ -54,6 +54,10 @@ int fake_pair_connect(int send_dev, int recv_dev, void **send_comm, void **recv_
 int fake_inject_recv(struct ibv_qp *qp, enum ibv_wc_opcode op, uint32_t imm, const void *data,
                      uint32_t len);
 /* Receives posted on qp and not yet consumed. */
+/* What query_port says of device dev's port from now on (it starts ACTIVE). */
+void fake_port_set_state(int dev, enum ibv_port_state state);
+/* Replaces GID index of device dev (a link flap removes the IPv4 one until it is back). */
+void fake_gid_set(int dev, int index, const union ibv_gid *gid);
 int fake_recv_posted(struct ibv_qp *qp);
 /* Completions waiting in cq; whether it ever overflowed. */
 int fake_cq_pending(struct ibv_cq *cq);

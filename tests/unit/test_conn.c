@@ -458,6 +458,151 @@ static void test_rdmacm_connects_to_the_listeners_address(void **state) {
     assert_int_equal(erdma_close_listen(lc), 0);
 }
 
+/* Steps connect (device 0) and accept together for ms milliseconds, or until both comms are
+ * made or a call fails (its return). */
+static int pair_steps(void *handle, void *lc, void **s, void **r, int ms) {
+    uint64_t until = now_ns() + (uint64_t)ms * 1000000ull;
+    int rc = 0;
+    while (!rc && (!*s || !*r) && now_ns() < until) {
+        if (!*s) rc = erdma_connect(0, -1, handle, s);
+        if (!rc && !*r) rc = erdma_accept(lc, r);
+    }
+    return rc;
+}
+
+/* One message from s to r, its bytes and both ends' sizes checked. */
+static void message_moves(void *s, void *r) {
+    static char src[256], dst[256];
+    void *rmh, *smh;
+    for (int i = 0; i < (int)sizeof(src); i++)
+        src[i] = (char)(i * 7 + 1);
+    memset(dst, 0, sizeof(dst));
+    assert_int_equal(erdma_reg_mr(r, dst, sizeof(dst), NCCL_PTR_HOST, &rmh), 0);
+    assert_int_equal(erdma_reg_mr(s, src, sizeof(src), NCCL_PTR_HOST, &smh), 0);
+    void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL, *sreq = NULL;
+    size_t sizes[1] = {sizeof(dst)};
+    int tags[1] = {0}, sdone = 0, rdone = 0, ssize = -1, rsize = -1;
+    assert_int_equal(erdma_irecv(r, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+    assert_non_null(rreq);
+    for (int i = 0; i < 1000 && !sreq; i++)
+        assert_int_equal(erdma_isend(s, src, sizeof(src), 0, smh, NULL, &sreq), 0);
+    assert_non_null(sreq);
+    for (int i = 0; i < 100000 && !(sdone && rdone); i++) {
+        if (!sdone) assert_int_equal(erdma_test(sreq, &sdone, &ssize), 0);
+        if (!rdone) assert_int_equal(erdma_test(rreq, &rdone, &rsize), 0);
+    }
+    assert_true(sdone && rdone);
+    assert_int_equal(ssize, sizeof(src));
+    assert_int_equal(rsize, sizeof(src));
+    assert_memory_equal(src, dst, sizeof(src));
+    assert_int_equal(erdma_dereg_mr(r, rmh), 0);
+    assert_int_equal(erdma_dereg_mr(s, smh), 0);
+}
+
+/* Connects until the hello is on its way: the receiver has not called accept yet. */
+static void hello_sent(void *handle, void **s) {
+    for (int i = 0; i < 50; i++) {
+        assert_int_equal(erdma_connect(0, -1, handle, s), 0);
+        usleep(1000);
+    }
+    assert_null(*s);
+}
+
+/* A link flap around connection setup: connect and accept wait for the port (down by the
+ * driver's word or by the async thread's, or its GID not back yet) within
+ * NCCL_ERDMA_CONNECT_TIMEOUT, say why, and connect once it is back. Before, setup went on and
+ * the QPs' RTR failed on both ends ("A wrong NCCL_IB_GID_INDEX is the usual cause"). */
+static void test_setup_waits_out_a_link_flap(void **state) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc = NULL, *s = NULL, *r = NULL;
+    struct erdma_device *d = device_get(0);
+    /* the receiver finds the port down when the sender's hello arrives */
+    assert_int_equal(erdma_listen(0, handle, &lc), 0);
+    hello_sent(handle, &s);
+    fake_port_set_state(0, IBV_PORT_DOWN);
+    unit_log_count = 0;
+    assert_int_equal(pair_steps(handle, lc, &s, &r, 300), 0);
+    assert_null(s);
+    assert_null(r);
+    assert_logged(NCCL_LOG_INFO, "fake0", "port is not active", "connection from", "waits for it");
+    fake_port_set_state(0, IBV_PORT_ACTIVE);
+    assert_int_equal(pair_steps(handle, lc, &s, &r, 5000), 0);
+    assert_non_null(s);
+    assert_non_null(r);
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(erdma_close_recv(r), 0);
+    assert_int_equal(erdma_close_listen(lc), 0);
+
+    /* the sender finds the port down by the async thread's word, then its GID not back */
+    s = r = lc = NULL;
+    assert_int_equal(erdma_listen(0, handle, &lc), 0);
+    d->fatal = -ENETDOWN;
+    unit_log_count = 0;
+    assert_int_equal(pair_steps(handle, lc, &s, &r, 300), 0);
+    assert_null(s);
+    assert_null(r);
+    assert_logged(NCCL_LOG_INFO, "fake0", "went down", "the connect to", "waits for it");
+    d->port_downs++; /* its event came after the sender made its QPs: they are made again */
+    d->fatal = 0;
+    union ibv_gid saved = d->gid, zero;
+    memset(&zero, 0, sizeof(zero));
+    fake_gid_set(0, d->gid_index, &zero);
+    assert_int_equal(pair_steps(handle, lc, &s, &r, 300), 0);
+    assert_null(s);
+    fake_gid_set(0, d->gid_index, &saved);
+    assert_int_equal(pair_steps(handle, lc, &s, &r, 5000), 0);
+    assert_non_null(s);
+    assert_non_null(r);
+    assert_logged(NCCL_LOG_INFO, "fake0", "port usable again");
+    assert_int_equal(((struct send_comm *)s)->c.port_downs, d->port_downs);
+    assert_int_equal(((struct recv_comm *)r)->c.port_downs, d->port_downs);
+    message_moves(s, r); /* over the QPs made again: the ones the receiver connected to */
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(erdma_close_recv(r), 0);
+    assert_int_equal(erdma_close_listen(lc), 0);
+}
+
+/* A port that stays down: connect and accept give up at NCCL_ERDMA_CONNECT_TIMEOUT and say
+ * which device's link to check (not "is the peer alive?"). */
+static void test_setup_gives_up_on_a_port_that_stays_down(void **state) {
+    const char *env[] = {"NCCL_ERDMA_CONNECT_TIMEOUT=1", NULL};
+    fake_env_stop();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc = NULL, *s = NULL, *r = NULL;
+    assert_int_equal(erdma_listen(0, handle, &lc), 0);
+    hello_sent(handle, &s);
+    fake_port_set_state(0, IBV_PORT_DOWN);
+    unit_log_count = 0;
+    uint64_t t0 = now_ns();
+    int rc = 0;
+    while (!rc && now_ns() - t0 < 5000000000ull)
+        rc = erdma_accept(lc, &r);
+    assert_int_equal(rc, -ETIMEDOUT);
+    assert_true(now_ns() - t0 >= 900000000ull);
+    assert_null(r);
+    assert_logged(NCCL_LOG_WARN, "fake0", "did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=1s",
+                  "port is not active", "check the link");
+    erdma_connect_sweep(); /* the sender's half-made connect */
+    reap_drain();
+    assert_int_equal(erdma_close_listen(lc), 0);
+
+    s = lc = NULL;
+    assert_int_equal(erdma_listen(0, handle, &lc), 0);
+    unit_log_count = 0;
+    t0 = now_ns();
+    rc = 0;
+    while (!rc && now_ns() - t0 < 5000000000ull)
+        rc = erdma_connect(0, -1, handle, &s);
+    assert_int_equal(rc, -ETIMEDOUT);
+    assert_true(now_ns() - t0 >= 900000000ull);
+    assert_null(s);
+    assert_logged(NCCL_LOG_WARN, "fake0", "could not connect", "port is not active",
+                  "check the link");
+    assert_int_equal(erdma_close_listen(lc), 0);
+    fake_port_set_state(0, IBV_PORT_ACTIVE);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ifname_match),
@@ -474,6 +619,9 @@ int main(void) {
         cmocka_unit_test(test_failed_listen_keeps_object_count),
         cmocka_unit_test_setup_teardown(test_close_stops_profiler_events, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdmacm_connects_to_the_listeners_address, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_setup_waits_out_a_link_flap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_setup_gives_up_on_a_port_that_stays_down, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
