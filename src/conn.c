@@ -276,6 +276,7 @@ struct connect_state {
     uint64_t retry_at;
     int backoff_ms;
     int attempts;
+    int last_err;         /* -errno of the last TCP attempt that failed, for the timeout's WARN */
     const char *port_why; /* why the device's port could not be used, while waiting for it */
     struct wire_conn_msg msg;
     size_t io_done;
@@ -436,6 +437,24 @@ static int connect_apply_reply(struct connect_state *st, struct erdma_device *de
     return 0;
 }
 
+/* A TCP connect that failed in a way time may mend: the peer does not listen yet (pods start
+ * in any order), or no route or link to it yet (a link flap, routes a CNI adds after the pod
+ * starts). Backs off and tries again within the deadline (0), remembering the error for the
+ * timeout's WARN; any other error is returned. */
+static int tcp_retry_later(struct connect_state *st, int rc) {
+    if (rc != -ECONNREFUSED && rc != -ETIMEDOUT && rc != -EHOSTUNREACH && rc != -ENETUNREACH &&
+        rc != -ENETDOWN && rc != -EHOSTDOWN)
+        return rc;
+    st->last_err = rc;
+    if (st->sc->c.fd >= 0) close(st->sc->c.fd);
+    st->sc->c.fd = -1;
+    st->backoff_ms = st->backoff_ms ? st->backoff_ms * 2 : 10;
+    if (st->backoff_ms > 1000) st->backoff_ms = 1000;
+    st->retry_at = now_ns() + (uint64_t)st->backoff_ms * 1000000ull;
+    st->stage = CS_TCP_START;
+    return 0;
+}
+
 /* One step of the connect state machine: 1 connected, 0 not yet, -errno failed. */
 static int connect_step(struct connect_state *st, struct erdma_device *dev) {
     struct send_comm *sc = st->sc;
@@ -447,22 +466,14 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
         if (rc <= 0) return rc;
         st->attempts++;
         rc = oob_connect_start(&st->peer.addr, &sc->c.fd);
-        if (rc) return rc;
+        if (rc) return tcp_retry_later(st, rc);
         st->stage = CS_TCP_WAIT;
         /* fall through */
     case CS_TCP_WAIT:
         rc = oob_connect_poll(sc->c.fd);
         if (rc == 0) return 0;
-        if (rc == -ECONNREFUSED || rc == -ETIMEDOUT || rc == -EHOSTUNREACH) {
-            /* the peer may not listen yet (pods start in any order): back off and retry */
-            close(sc->c.fd);
-            sc->c.fd = -1;
-            st->backoff_ms = st->backoff_ms ? st->backoff_ms * 2 : 10;
-            if (st->backoff_ms > 1000) st->backoff_ms = 1000;
-            st->retry_at = now_ns() + (uint64_t)st->backoff_ms * 1000000ull;
-            st->stage = CS_TCP_START;
-            return 0;
-        }
+        if (rc < 0) return tcp_retry_later(st, rc);
+        st->last_err = 0;
         if (rc < 0) return rc;
         st->stage = CS_SEND_HELLO;
         st->io_done = 0;
@@ -597,8 +608,9 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
         rc = -ETIMEDOUT;
     } else if (late) {
         WARN("%s: could not connect to %s within NCCL_ERDMA_CONNECT_TIMEOUT=%lds (%d TCP "
-             "attempt(s), stopped %s). Is the peer alive and reachable on this interface?",
+             "attempt(s)%s%s, stopped %s). Is the peer alive and reachable on this interface?",
              dev->name, st->sc->c.peer, param_int(P_ERDMA_CONNECT_TIMEOUT), st->attempts,
+             st->last_err ? ", the last failed: " : "", st->last_err ? strerror(-st->last_err) : "",
              connect_stage_name[st->stage]);
         rc = -ETIMEDOUT;
     }

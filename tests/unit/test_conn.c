@@ -603,6 +603,36 @@ static void test_setup_gives_up_on_a_port_that_stays_down(void **state) {
     fake_port_set_state(0, IBV_PORT_ACTIVE);
 }
 
+/* No route to the peer (yet): a link flap, or routes a CNI adds after the pod starts. connect
+ * tries again within NCCL_ERDMA_CONNECT_TIMEOUT, as for a refused one, and its timeout names
+ * the error. Before, connect failed at once with ENETUNREACH. A multicast address gives that
+ * error on any host. */
+static void test_connect_retries_an_unreachable_network(void **state) {
+    const char *env[] = {"NCCL_ERDMA_CONNECT_TIMEOUT=1", NULL};
+    fake_env_stop();
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    memset(handle, 0, sizeof(handle));
+    struct wire_handle *h = (struct wire_handle *)handle;
+    h->connect_mode = CONNECT_GID;
+    h->nonce = 7;
+    h->addr.sin_family = AF_INET;
+    h->addr.sin_addr.s_addr = inet_addr("224.0.0.1");
+    h->addr.sin_port = htons(5555);
+    wire_handle_seal(h);
+    void *s = NULL;
+    unit_log_count = 0;
+    uint64_t t0 = now_ns();
+    int rc = 0;
+    while (!rc && now_ns() - t0 < 5000000000ull)
+        rc = erdma_connect(0, -1, handle, &s);
+    assert_int_equal(rc, -ETIMEDOUT);
+    assert_true(now_ns() - t0 >= 900000000ull);
+    assert_null(s);
+    assert_logged(NCCL_LOG_WARN, "fake0", "224.0.0.1", "NCCL_ERDMA_CONNECT_TIMEOUT=1s",
+                  "the last failed: Network is unreachable");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ifname_match),
@@ -621,6 +651,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_rdmacm_connects_to_the_listeners_address, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_setup_waits_out_a_link_flap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_connect_retries_an_unreachable_network, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_setup_gives_up_on_a_port_that_stays_down, setup,
                                         teardown),
     };
