@@ -248,6 +248,7 @@ enum connect_stage {
     CS_TCP_WAIT,
     CS_SEND_HELLO,
     CS_RECV_REPLY,
+    CS_PORT_WAIT,
     CS_CM,
     CS_SEND_READY,
     CS_WAIT_WARMED
@@ -259,6 +260,7 @@ static const char *const connect_stage_name[] = {
     [CS_TCP_WAIT] = "waiting for the TCP connection",
     [CS_SEND_HELLO] = "sending the hello",
     [CS_RECV_REPLY] = "waiting for the reply (the peer has not called accept for us yet)",
+    [CS_PORT_WAIT] = "waiting for the port to connect the QPs",
     [CS_CM] = "connecting the QPs through rdma_cm",
     [CS_SEND_READY] = "sending the ready message",
     [CS_WAIT_WARMED] = "waiting for the receiver to confirm the warm-up SENDs"};
@@ -368,33 +370,20 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
 
 #define PORT_POLL_MS 50
 
-/* Before the TCP connection (and so before the peer sees our QPs): 1 go on, 0 the port
- * cannot be used yet (the link is down, or its GID not back): wait, within the deadline;
- * -errno failed. QPs made before the port's last down are made again, with the hello. */
+/* 1 the device's port can carry the connection (device_port_unusable), 0 not yet: wait,
+ * polled every PORT_POLL_MS within the deadline, with one INFO saying why. */
 static int connect_port_ready(struct connect_state *st, struct erdma_device *dev) {
+    if (now_ns() < st->retry_at) return 0;
     const char *why = device_port_unusable(dev);
-    if (why) {
-        if (!st->port_why)
-            INFO(NCCL_NET,
-                 "%s: %s (check the link of %s): the connect to %s waits for it, up to "
-                 "NCCL_ERDMA_CONNECT_TIMEOUT=%lds",
-                 dev->name, why, dev->netdev[0] ? dev->netdev : "its netdev", st->sc->c.peer,
-                 param_int(P_ERDMA_CONNECT_TIMEOUT));
-        st->port_why = why;
-        st->retry_at = now_ns() + PORT_POLL_MS * 1000000ull;
-        return 0;
-    }
-    st->port_why = NULL;
-    if (st->sc->c.port_downs == __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE)) return 1;
-    char peer[sizeof(st->sc->c.peer)];
-    memcpy(peer, st->sc->c.peer, sizeof(peer));
-    send_comm_free(st->sc);
-    st->sc = NULL;
-    int rc = send_comm_setup(st, dev);
-    if (st->sc) memcpy(st->sc->c.peer, peer, sizeof(peer));
-    if (rc) return rc;
-    INFO(NCCL_NET, "%s: port usable again: connecting to %s", dev->name, peer);
-    return 1;
+    if (why && !st->port_why)
+        INFO(NCCL_NET,
+             "%s: %s (check the link of %s): the connect to %s waits for it, up to "
+             "NCCL_ERDMA_CONNECT_TIMEOUT=%lds",
+             dev->name, why, dev->netdev[0] ? dev->netdev : "its netdev", st->sc->c.peer,
+             param_int(P_ERDMA_CONNECT_TIMEOUT));
+    st->port_why = why;
+    if (why) st->retry_at = now_ns() + PORT_POLL_MS * 1000000ull;
+    return why == NULL;
 }
 
 static int connect_apply_reply(struct connect_state *st, struct erdma_device *dev) {
@@ -462,8 +451,7 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
     switch (st->stage) {
     case CS_TCP_START:
         if (now_ns() < st->retry_at) return 0;
-        rc = connect_port_ready(st, dev);
-        if (rc <= 0) return rc;
+        if (!connect_port_ready(st, dev)) return 0; /* no TCP attempt while the link is down */
         st->attempts++;
         rc = oob_connect_start(&st->peer.addr, &sc->c.fd);
         if (rc) return tcp_retry_later(st, rc);
@@ -495,6 +483,15 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
             return -ECONNREFUSED;
         }
         if (rc <= 0) return rc;
+        st->stage = CS_PORT_WAIT;
+        /* fall through */
+    case CS_PORT_WAIT:
+        /* The peer's accept may come long after our hello, and the link may have flapped
+         * meanwhile: our QPs are connected only to a port that can carry them. They were not
+         * connected before now, so no earlier down broke them: the connection counts from here
+         * (a later down fails it, p2p.c). */
+        if (!connect_port_ready(st, dev)) return 0;
+        sc->c.port_downs = __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE);
         rc = connect_apply_reply(st, dev);
         if (rc) return rc;
         st->stage = dev->connect_mode == CONNECT_RDMACM ? CS_CM : CS_SEND_READY;
@@ -600,7 +597,7 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
     }
     rc = connect_step(st, dev);
     bool late = rc == 0 && now_ns() > st->deadline; /* one reading for both messages */
-    if (late && st->stage == CS_TCP_START && st->port_why) {
+    if (late && st->port_why) {
         WARN("%s: could not connect to %s within NCCL_ERDMA_CONNECT_TIMEOUT=%lds: %s; check "
              "the link of %s",
              dev->name, st->sc->c.peer, param_int(P_ERDMA_CONNECT_TIMEOUT), st->port_why,

@@ -542,7 +542,7 @@ static void test_setup_waits_out_a_link_flap(void **state) {
     assert_null(s);
     assert_null(r);
     assert_logged(NCCL_LOG_INFO, "fake0", "went down", "the connect to", "waits for it");
-    d->port_downs++; /* its event came after the sender made its QPs: they are made again */
+    d->port_downs++; /* the event came after the sender made its QPs, not yet connected */
     d->fatal = 0;
     union ibv_gid saved = d->gid, zero;
     memset(&zero, 0, sizeof(zero));
@@ -553,10 +553,9 @@ static void test_setup_waits_out_a_link_flap(void **state) {
     assert_int_equal(pair_steps(handle, lc, &s, &r, 5000), 0);
     assert_non_null(s);
     assert_non_null(r);
-    assert_logged(NCCL_LOG_INFO, "fake0", "port usable again");
     assert_int_equal(((struct send_comm *)s)->c.port_downs, d->port_downs);
     assert_int_equal(((struct recv_comm *)r)->c.port_downs, d->port_downs);
-    message_moves(s, r); /* over the QPs made again: the ones the receiver connected to */
+    message_moves(s, r); /* the connection counts from its QPs' connect, after that down */
     assert_int_equal(erdma_close_send(s), 0);
     assert_int_equal(erdma_close_recv(r), 0);
     assert_int_equal(erdma_close_listen(lc), 0);
