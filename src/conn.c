@@ -462,7 +462,6 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
         if (rc == 0) return 0;
         if (rc < 0) return tcp_retry_later(st, rc);
         st->last_err = 0;
-        if (rc < 0) return rc;
         st->stage = CS_SEND_HELLO;
         st->io_done = 0;
         /* fall through */
