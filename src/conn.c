@@ -265,6 +265,33 @@ static const char *const connect_stage_name[] = {
     [CS_SEND_READY] = "sending the ready message",
     [CS_WAIT_WARMED] = "waiting for the receiver to confirm the warm-up SENDs"};
 
+/* A connect's or accept's wait for a port that can carry the connection (a link flap): why
+ * it cannot yet (NULL: it can), and when to look again. */
+struct port_wait {
+    const char *why;
+    uint64_t next_ns;
+};
+
+#define PORT_POLL_MS 50
+
+/* 1 the device's port can carry the connection (device_port_unusable), 0 not yet: wait,
+ * looked at again every PORT_POLL_MS within the handshake's deadline. The first wait logs
+ * why, naming the connection (who, peer: "the connect to", "10.0.0.2:40001"). */
+static int port_ready(struct erdma_device *dev, struct port_wait *w, const char *who,
+                      const char *peer) {
+    if (w->why && now_ns() < w->next_ns) return 0;
+    const char *why = device_port_unusable(dev);
+    if (why && !w->why)
+        INFO(NCCL_NET,
+             "%s: %s (check the link of %s): %s %s waits for it, up to "
+             "NCCL_ERDMA_CONNECT_TIMEOUT=%lds",
+             dev->name, why, dev->netdev[0] ? dev->netdev : "its netdev", who, peer,
+             param_int(P_ERDMA_CONNECT_TIMEOUT));
+    w->why = why;
+    w->next_ns = now_ns() + PORT_POLL_MS * 1000000ull;
+    return why == NULL;
+}
+
 struct connect_state {
     struct connect_state *next;
     void *handle; /* NCCL's buffer this state belongs to */
@@ -278,8 +305,8 @@ struct connect_state {
     uint64_t retry_at;
     int backoff_ms;
     int attempts;
-    int last_err;         /* -errno of the last TCP attempt that failed, for the timeout's WARN */
-    const char *port_why; /* why the device's port could not be used, while waiting for it */
+    int last_err; /* -errno of the last TCP attempt that failed, for the timeout's WARN */
+    struct port_wait port;
     struct wire_conn_msg msg;
     size_t io_done;
 };
@@ -368,24 +395,6 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     return 0;
 }
 
-#define PORT_POLL_MS 50
-
-/* 1 the device's port can carry the connection (device_port_unusable), 0 not yet: wait,
- * polled every PORT_POLL_MS within the deadline, with one INFO saying why. */
-static int connect_port_ready(struct connect_state *st, struct erdma_device *dev) {
-    if (now_ns() < st->retry_at) return 0;
-    const char *why = device_port_unusable(dev);
-    if (why && !st->port_why)
-        INFO(NCCL_NET,
-             "%s: %s (check the link of %s): the connect to %s waits for it, up to "
-             "NCCL_ERDMA_CONNECT_TIMEOUT=%lds",
-             dev->name, why, dev->netdev[0] ? dev->netdev : "its netdev", st->sc->c.peer,
-             param_int(P_ERDMA_CONNECT_TIMEOUT));
-    st->port_why = why;
-    if (why) st->retry_at = now_ns() + PORT_POLL_MS * 1000000ull;
-    return why == NULL;
-}
-
 static int connect_apply_reply(struct connect_state *st, struct erdma_device *dev) {
     struct send_comm *sc = st->sc;
     struct wire_conn_msg *m = &st->msg;
@@ -451,7 +460,8 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
     switch (st->stage) {
     case CS_TCP_START:
         if (now_ns() < st->retry_at) return 0;
-        if (!connect_port_ready(st, dev)) return 0; /* no TCP attempt while the link is down */
+        if (!port_ready(dev, &st->port, "the connect to", sc->c.peer))
+            return 0; /* no TCP attempt while the link is down */
         st->attempts++;
         rc = oob_connect_start(&st->peer.addr, &sc->c.fd);
         if (rc) return tcp_retry_later(st, rc);
@@ -489,7 +499,7 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
          * meanwhile: our QPs are connected only to a port that can carry them. They were not
          * connected before now, so no earlier down broke them: the connection counts from here
          * (a later down fails it, p2p.c). */
-        if (!connect_port_ready(st, dev)) return 0;
+        if (!port_ready(dev, &st->port, "the connect to", sc->c.peer)) return 0;
         sc->c.port_downs = __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE);
         rc = connect_apply_reply(st, dev);
         if (rc) return rc;
@@ -596,10 +606,10 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
     }
     rc = connect_step(st, dev);
     bool late = rc == 0 && now_ns() > st->deadline; /* one reading for both messages */
-    if (late && st->port_why) {
+    if (late && st->port.why) {
         WARN("%s: could not connect to %s within NCCL_ERDMA_CONNECT_TIMEOUT=%lds: %s; check "
              "the link of %s",
-             dev->name, st->sc->c.peer, param_int(P_ERDMA_CONNECT_TIMEOUT), st->port_why,
+             dev->name, st->sc->c.peer, param_int(P_ERDMA_CONNECT_TIMEOUT), st->port.why,
              dev->netdev[0] ? dev->netdev : "its netdev");
         rc = -ETIMEDOUT;
     } else if (late) {
@@ -675,9 +685,8 @@ struct accept_state {
     uint64_t deadline;
     struct wire_conn_msg msg;
     size_t io_done;
-    uint32_t cm_token;    /* rdma_cm mode: what our requests must carry (from the listen) */
-    const char *port_why; /* why the device's port could not be used, while waiting for it */
-    uint64_t port_retry_at;
+    uint32_t cm_token; /* rdma_cm mode: what our requests must carry (from the listen) */
+    struct port_wait port;
 };
 
 static void recv_comm_release(struct conn *c) {
@@ -894,22 +903,6 @@ static int accept_candidates(struct listen_comm *lc) {
     return candidates_read(lc, hello_s);
 }
 
-/* 1 the port can carry the connection's QPs, 0 not yet (the handshake's deadline bounds the
- * wait). Nothing of ours exists yet: the hello only names the peer's QPs. */
-static int accept_port_ready(struct accept_state *as, struct erdma_device *dev) {
-    if (as->port_why && now_ns() < as->port_retry_at) return 0;
-    const char *why = device_port_unusable(dev);
-    as->port_retry_at = now_ns() + PORT_POLL_MS * 1000000ull;
-    if (why && !as->port_why)
-        INFO(NCCL_NET,
-             "%s: %s (check the link of %s): the connection from %s waits for it, up to "
-             "NCCL_ERDMA_CONNECT_TIMEOUT=%lds",
-             dev->name, why, dev->netdev[0] ? dev->netdev : "its netdev", as->peer,
-             param_int(P_ERDMA_CONNECT_TIMEOUT));
-    as->port_why = why;
-    return why == NULL;
-}
-
 static int accept_step(struct listen_comm *lc, struct accept_state *as) {
     struct erdma_device *dev = lc->base.dev;
     char why[160];
@@ -918,8 +911,8 @@ static int accept_step(struct listen_comm *lc, struct accept_state *as) {
     case AS_TCP_ACCEPT: /* candidates are accepted by accept_candidates() */
         return -ENOTRECOVERABLE;
     case AS_RECV_HELLO: /* complete and valid */
-        /* the QPs wait for a port that can carry them (device_port_unusable) */
-        if ((rc = accept_port_ready(as, dev)) <= 0) return rc;
+        /* the QPs wait for a port that can carry them; nothing of ours exists yet */
+        if (!port_ready(dev, &as->port, "the connection from", as->peer)) return 0;
         if (dev->connect_mode == CONNECT_RDMACM && ++lc->last_token == 0) lc->last_token = 1;
         as->cm_token = lc->last_token;
         rc = recv_comm_setup(as, dev);
@@ -1022,10 +1015,10 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
     struct accept_state *as = lc->pending;
     int rc = accept_step(lc, as);
     bool late = rc == 0 && now_ns() > as->deadline; /* one reading for both messages */
-    if (late && as->port_why) {
+    if (late && as->port.why) {
         WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds: "
              "%s; check the link of %s",
-             lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT), as->port_why,
+             lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT), as->port.why,
              lc->base.dev->netdev[0] ? lc->base.dev->netdev : "its netdev");
         rc = -ETIMEDOUT;
     } else if (late) {
