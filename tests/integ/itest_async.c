@@ -63,6 +63,32 @@ static int wait_gid_back(double limit_s) {
     return -1;
 }
 
+/* One FLAP_MSG message of pattern seed sent on sc and completed: 0, or -1 (a CHECK said). */
+static int send_msg(struct netapi *n, void *sc, uint32_t seed) {
+    static uint8_t buf[FLAP_MSG];
+    void *mh, *req;
+    pattern_fill(buf, FLAP_MSG, seed);
+    CHECK(net_regmr(n, sc, buf, sizeof(buf), &mh) == 0);
+    CHECK(net_isend(n, sc, buf, FLAP_MSG, 0, mh, &req, 60) == 0);
+    CHECK(net_wait(n, req, NULL, 30) == 0);
+    CHECK(net_deregmr(n, sc, mh) == 0);
+    return 0;
+}
+
+/* One FLAP_MSG message received on rc, whole and of pattern seed: 0, or -1 (a CHECK said). */
+static int recv_msg(struct netapi *n, void *rc, uint32_t seed) {
+    static uint8_t buf[FLAP_MSG];
+    void *mh, *req, *data = buf;
+    size_t sz = sizeof(buf);
+    int tag = 0, got = -1;
+    CHECK(net_regmr(n, rc, buf, sizeof(buf), &mh) == 0);
+    CHECK(net_irecv(n, rc, 1, &data, &sz, &tag, &mh, &req, 60) == 0);
+    CHECK(net_wait(n, req, &got, 30) == 0);
+    CHECK(got == FLAP_MSG && pattern_check(buf, FLAP_MSG, seed) < 0);
+    CHECK(net_deregmr(n, rc, mh) == 0);
+    return 0;
+}
+
 static int receiver(struct duo *d, void *arg) {
     struct netapi n;
     void *lc, *rc, *mh, *req;
@@ -96,23 +122,15 @@ static int receiver(struct duo *d, void *arg) {
     usleep(300000);
     CHECK(net_test(&n, req, &done, NULL) == ncclRemoteError);
     /* a new connection in the same init moves data (a link flap does not poison the device) */
-    void *lc2, *rc2, *mh2, *req2;
+    void *lc2, *rc2;
     CHECK(net_listen(&n, handle, &lc2) == 0);
     CHECK(duo_send(d, handle, sizeof(handle)) == 0);
     CHECK(net_accept(&n, lc2, &rc2, 60) == 0);
-    static uint8_t buf2[FLAP_MSG];
-    CHECK(net_regmr(&n, rc2, buf2, sizeof(buf2), &mh2) == 0);
-    data = buf2;
-    sz = sizeof(buf2);
-    int got = -1;
-    CHECK(net_irecv(&n, rc2, 1, &data, &sz, &tag, &mh2, &req2, 60) == 0);
-    CHECK(net_wait(&n, req2, &got, 30) == 0);
-    CHECK(got == FLAP_MSG && pattern_check(buf2, FLAP_MSG, 42) < 0);
+    CHECK(recv_msg(&n, rc2, 42) == 0);
     fprintf(stderr,
             "FIGURE: after a port down/up on rxe0 a new connection in the same init "
             "moved %d bytes intact\n",
-            got);
-    CHECK(net_deregmr(&n, rc2, mh2) == 0);
+            FLAP_MSG);
     net_close_recv(&n, rc2);
     net_close_listen(&n, lc2);
     net_close_recv(&n, rc);
@@ -133,15 +151,10 @@ static int sender(struct duo *d, void *arg) {
     CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
     CHECK(net_connect(&n, handle, &sc, 60) == 0);
     /* the receiver listens again once the port is back */
-    void *sc2, *mh2, *req2;
+    void *sc2;
     CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
     CHECK(net_connect(&n, handle, &sc2, 60) == 0);
-    static uint8_t buf2[FLAP_MSG];
-    pattern_fill(buf2, FLAP_MSG, 42);
-    CHECK(net_regmr(&n, sc2, buf2, sizeof(buf2), &mh2) == 0);
-    CHECK(net_isend(&n, sc2, buf2, FLAP_MSG, 0, mh2, &req2, 60) == 0);
-    CHECK(net_wait(&n, req2, NULL, 30) == 0);
-    CHECK(net_deregmr(&n, sc2, mh2) == 0);
+    CHECK(send_msg(&n, sc2, 42) == 0);
     CHECK(duo_barrier(d) == 0); /* hold the connections until the receiver is done */
     net_close_send(&n, sc2);
     net_close_send(&n, sc);
@@ -175,7 +188,7 @@ static int wait_port_active(const char *dev, double limit_s) {
 static int flap_receiver(struct duo *d, void *arg) {
     const struct flap *f = arg;
     struct netapi n;
-    void *lc, *rc, *mh, *req;
+    void *lc, *rc;
     char handle[NCCL_NET_HANDLE_MAXSIZE], cmd[128], sent;
     CHECK(net_open(&n, 12, f->dev) == 0);
     CHECK(net_listen(&n, handle, &lc) == 0);
@@ -188,15 +201,7 @@ static int flap_receiver(struct duo *d, void *arg) {
         CHECK(wait_port_active(f->dev, 30) == 0);
     }
     CHECK(net_accept(&n, lc, &rc, 60) == 0);
-    static uint8_t buf[FLAP_MSG];
-    CHECK(net_regmr(&n, rc, buf, sizeof(buf), &mh) == 0);
-    void *data = buf;
-    size_t sz = sizeof(buf);
-    int tag = 0, got = -1;
-    CHECK(net_irecv(&n, rc, 1, &data, &sz, &tag, &mh, &req, 60) == 0);
-    CHECK(net_wait(&n, req, &got, 30) == 0);
-    CHECK(got == FLAP_MSG && pattern_check(buf, FLAP_MSG, 43) < 0);
-    CHECK(net_deregmr(&n, rc, mh) == 0);
+    CHECK(recv_msg(&n, rc, 43) == 0);
     CHECK(duo_barrier(d) == 0);
     net_close_recv(&n, rc);
     net_close_listen(&n, lc);
@@ -207,7 +212,7 @@ static int flap_receiver(struct duo *d, void *arg) {
 static int flap_sender(struct duo *d, void *arg) {
     const struct flap *f = arg;
     struct netapi n;
-    void *sc, *mh, *req;
+    void *sc;
     char handle[NCCL_NET_HANDLE_MAXSIZE], cmd[128];
     CHECK(net_open(&n, 12, f->dev) == 0);
     CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
@@ -233,12 +238,7 @@ static int flap_sender(struct duo *d, void *arg) {
         CHECK(t >= 1.5); /* it did wait for the link */
         CHECK(log_contains("waits for it"));
     }
-    static uint8_t buf[FLAP_MSG];
-    pattern_fill(buf, FLAP_MSG, 43);
-    CHECK(net_regmr(&n, sc, buf, sizeof(buf), &mh) == 0);
-    CHECK(net_isend(&n, sc, buf, FLAP_MSG, 0, mh, &req, 60) == 0);
-    CHECK(net_wait(&n, req, NULL, 30) == 0);
-    CHECK(net_deregmr(&n, sc, mh) == 0);
+    CHECK(send_msg(&n, sc, 43) == 0);
     CHECK(duo_barrier(d) == 0);
     net_close_send(&n, sc);
     net_close(&n);

@@ -561,6 +561,18 @@ static void test_setup_waits_out_a_link_flap(void **state) {
     assert_int_equal(erdma_close_listen(lc), 0);
 }
 
+/* Calls connect (lc NULL) or accept on lc until it fails, with NCCL_ERDMA_CONNECT_TIMEOUT=1:
+ * its error, once it gave up after about that second and made no comm. */
+static int step_until_failure(void *handle, void *lc, void **comm) {
+    uint64_t t0 = now_ns();
+    int rc = 0;
+    while (!rc && now_ns() - t0 < 5000000000ull)
+        rc = lc ? erdma_accept(lc, comm) : erdma_connect(0, -1, handle, comm);
+    assert_true(now_ns() - t0 >= 900000000ull);
+    assert_null(*comm);
+    return rc;
+}
+
 /* A port that stays down: connect and accept give up at NCCL_ERDMA_CONNECT_TIMEOUT and say
  * which device's link to check (not "is the peer alive?"). */
 static void test_setup_gives_up_on_a_port_that_stays_down(void **state) {
@@ -573,13 +585,7 @@ static void test_setup_gives_up_on_a_port_that_stays_down(void **state) {
     hello_sent(handle, &s);
     fake_port_set_state(0, IBV_PORT_DOWN);
     unit_log_count = 0;
-    uint64_t t0 = now_ns();
-    int rc = 0;
-    while (!rc && now_ns() - t0 < 5000000000ull)
-        rc = erdma_accept(lc, &r);
-    assert_int_equal(rc, -ETIMEDOUT);
-    assert_true(now_ns() - t0 >= 900000000ull);
-    assert_null(r);
+    assert_int_equal(step_until_failure(NULL, lc, &r), -ETIMEDOUT);
     assert_logged(NCCL_LOG_WARN, "fake0", "did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=1s",
                   "port is not active", "check the link");
     erdma_connect_sweep(); /* the sender's half-made connect */
@@ -589,13 +595,7 @@ static void test_setup_gives_up_on_a_port_that_stays_down(void **state) {
     s = lc = NULL;
     assert_int_equal(erdma_listen(0, handle, &lc), 0);
     unit_log_count = 0;
-    t0 = now_ns();
-    rc = 0;
-    while (!rc && now_ns() - t0 < 5000000000ull)
-        rc = erdma_connect(0, -1, handle, &s);
-    assert_int_equal(rc, -ETIMEDOUT);
-    assert_true(now_ns() - t0 >= 900000000ull);
-    assert_null(s);
+    assert_int_equal(step_until_failure(handle, NULL, &s), -ETIMEDOUT);
     assert_logged(NCCL_LOG_WARN, "fake0", "could not connect", "port is not active",
                   "check the link");
     assert_int_equal(erdma_close_listen(lc), 0);
@@ -621,13 +621,7 @@ static void test_connect_retries_an_unreachable_network(void **state) {
     wire_handle_seal(h);
     void *s = NULL;
     unit_log_count = 0;
-    uint64_t t0 = now_ns();
-    int rc = 0;
-    while (!rc && now_ns() - t0 < 5000000000ull)
-        rc = erdma_connect(0, -1, handle, &s);
-    assert_int_equal(rc, -ETIMEDOUT);
-    assert_true(now_ns() - t0 >= 900000000ull);
-    assert_null(s);
+    assert_int_equal(step_until_failure(handle, NULL, &s), -ETIMEDOUT);
     assert_logged(NCCL_LOG_WARN, "fake0", "224.0.0.1", "NCCL_ERDMA_CONNECT_TIMEOUT=1s",
                   "the last failed: Network is unreachable");
 }
