@@ -1,8 +1,10 @@
 /* Owns the async-event thread and its stop pipe; devices own their `fatal` flags. */
 #define _GNU_SOURCE
 #include "async.h"
+#include "conn.h"
 #include "device.h"
 #include "log.h"
+#include "qp.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,16 +38,18 @@ static void handle_event(struct ibv_context *ctx, const struct ibv_async_event *
             break;
         case IBV_EVENT_PORT_ERR:
             if (ev->element.port_num != d->port) break;
+            __atomic_store_n(&d->port_down_ns, now_coarse_ns(), __ATOMIC_RELEASE);
             __atomic_add_fetch(&d->port_downs, 1, __ATOMIC_ACQ_REL);
             __atomic_store_n(&d->fatal, -ENETDOWN, __ATOMIC_RELEASE);
-            WARN("%s:%d: port went down (%s): check the link of %s; its connections fail, new "
-                 "ones work once the port is active again",
-                 d->name, d->port, what, d->netdev[0] ? d->netdev : "its netdev");
+            WARN("%s:%d: port went down (%s): check the link of %s; its connections wait up to "
+                 "%.1f s (their QPs' retry window) for it, new ones wait until it is active again",
+                 d->name, d->port, what, d->netdev[0] ? d->netdev : "its netdev",
+                 qp_retry_window_ns() / 1e9);
             break;
         case IBV_EVENT_PORT_ACTIVE: {
             if (ev->element.port_num != d->port) break;
-            /* a link flap is not a device failure: connections made from now on work, the
-             * ones the down broke stay failed (port_downs); a device fatal error stays */
+            /* a link flap is not a device failure: connections go on where their QPs
+             * survived it (as in net_ib); a device fatal error stays */
             int down = -ENETDOWN;
             __atomic_compare_exchange_n(&d->fatal, &down, 0, false, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE);

@@ -109,7 +109,7 @@ struct conn {
     uint64_t last_check_ns;
     uint64_t peer_bye_ns; /* when the peer's goodbye was first seen; 0 before */
     struct ibv_wc peer_gone_wc;
-    /* the device's port_downs when this connection was made */
+    /* the device's port_downs when this connection was made (p2p.c's port_down_hint) */
     unsigned port_downs;
     struct rdma_event_channel *cm_ch;
     /* rdma_cm mode: the teardown after close, finished on the reaper thread (conn.c) */

@@ -497,8 +497,8 @@ static int connect_step(struct connect_state *st, struct erdma_device *dev) {
     case CS_PORT_WAIT:
         /* The peer's accept may come long after our hello, and the link may have flapped
          * meanwhile: our QPs are connected only to a port that can carry them. They were not
-         * connected before now, so no earlier down broke them: the connection counts from here
-         * (a later down fails it, p2p.c). */
+         * connected before now, so no earlier down can be what breaks them: the connection
+         * counts from here (p2p.c's port_down_hint). */
         if (!port_ready(dev, &st->port, "the connect to", sc->c.peer)) return 0;
         sc->c.port_downs = __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE);
         rc = connect_apply_reply(st, dev);

@@ -55,9 +55,10 @@ struct erdma_device {
     uint32_t max_msg_sz;
     struct mr_cache *mrs;
     int fatal; /* -errno set by the async-event thread: device fatal, port down */
-    /* Counts port-down events: a connection made before the last one is broken even once
-     * the port is active again (its QPs went to the error state), a later one is not. */
+    /* Counts port-down events: a connection that fails after one during its life says the
+     * link is the likely cause. */
     unsigned port_downs;
+    uint64_t port_down_ns;   /* the last port-down event's time (now_coarse_ns) */
     bool sends_in_syscall;   /* siw: posting may raise SIGPIPE in our thread (verbs.h) */
     struct ibv_cq *siw_plug; /* siw only: holds the mmap page its provider misreads (device.c) */
     int rail; /* from NCCL_IB_HCA's dev:port:rail:plane, else -1 (NCCL_NET_ID_UNDEF) */

@@ -160,9 +160,25 @@ static inline unsigned hot_path_off(const struct conn *c) {
     return (unsigned)c->sends_in_syscall | prof_active();
 }
 
+/* A connection that fails after its device's port went down (since it was made, or down
+ * now): the failure's own WARN blames what the QP saw (a flush, a local QP error, a
+ * disconnect); this names the likely cause. */
+static __attribute__((noinline)) void port_down_hint(const struct conn *c) {
+    const struct erdma_device *d = c->base.dev;
+    if (__atomic_load_n(&d->port_downs, __ATOMIC_ACQUIRE) == c->port_downs &&
+        __atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE) != -ENETDOWN)
+        return;
+    WARN("%s: the port went down during the connection with %s: the likely cause of its "
+         "failure; check the link of %s",
+         d->name, c->peer, d->netdev[0] ? d->netdev : "the device's netdev");
+}
+
 /* First failure wins: later completions are usually flushes caused by it. */
 static int conn_fail(struct conn *c, int err) {
-    if (!c->error) c->error = err;
+    if (!c->error) {
+        c->error = err;
+        if (err != -ENETDOWN) port_down_hint(c);
+    }
     return c->error;
 }
 
@@ -867,6 +883,22 @@ static bool conn_needs_peer(struct conn *c) {
     return false;
 }
 
+/* The port is down by the async thread's word. As in net_ib, that alone fails nothing: the
+ * QPs' retries carry a short flap, and a QP the down broke fails its work requests (named by
+ * port_down_hint). A port down for longer than the QPs' retry window fails what waits on the
+ * peer, naming the link: a receive would otherwise wait for good. */
+static __attribute__((noinline)) int port_down_outlasted(struct conn *c, uint64_t t) {
+    const struct erdma_device *d = c->base.dev;
+    uint64_t since = __atomic_load_n(&d->port_down_ns, __ATOMIC_ACQUIRE);
+    uint64_t window = qp_retry_window_ns();
+    if (since > t || t - since < window || !conn_needs_peer(c)) return 0;
+    WARN("%s: connection with %s fails: the port has been down for %.1f s, longer than its QPs' "
+         "retry window (%.1f s: NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT); check the link of %s",
+         d->name, c->peer, (t - since) / 1e9, window / 1e9,
+         d->netdev[0] ? d->netdev : "the device's netdev");
+    return -ENETDOWN;
+}
+
 /* A dead peer closes its out-of-band socket (the kernel does it for a killed process) and,
  * with rdma_cm, disconnects: both show up long before RC retries run out (~30 s). */
 static int conn_check_health(struct conn *c) {
@@ -874,13 +906,12 @@ static int conn_check_health(struct conn *c) {
     if (t - c->last_check_ns < LIVENESS_NS) return 0;
     c->last_check_ns = t;
     int fatal = __atomic_load_n(&c->base.dev->fatal, __ATOMIC_ACQUIRE);
-    if (!fatal && __atomic_load_n(&c->base.dev->port_downs, __ATOMIC_ACQUIRE) != c->port_downs)
-        fatal = -ENETDOWN; /* the port went down and came back: this connection's QPs did not */
-    if (fatal) {
-        WARN("%s: connection with %s fails because the device reported %s", c->base.dev->name,
-             c->peer, fatal == -ENETDOWN ? "its port down" : "a fatal error");
-        return conn_fail(c, fatal);
-    }
+    if (fatal == -ENETDOWN)
+        fatal = port_down_outlasted(c, t);
+    else if (fatal)
+        WARN("%s: connection with %s fails because the device reported a fatal error",
+             c->base.dev->name, c->peer);
+    if (fatal) return conn_fail(c, fatal);
     int ret = oob_peer_alive(c->fd);
     if (ret == OOB_PEER_CLOSING) {
         /* A goodbye is a normal close after the peer's last send completed. On iWARP a send

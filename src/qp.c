@@ -16,6 +16,10 @@ void qp_params_from_env(struct qp_params *p, int traffic_class) {
     p->retry_cnt = (int)param_int(P_IB_RETRY_CNT);
 }
 
+uint64_t qp_retry_window_ns(void) {
+    return (4096ull << param_int(P_IB_TIMEOUT)) * (uint64_t)(param_int(P_IB_RETRY_CNT) + 1);
+}
+
 void qp_init_attr(struct ibv_qp_init_attr *a, struct ibv_cq *cq, int sq_depth, int rq_depth,
                   int max_inline) {
     memset(a, 0, sizeof(*a));

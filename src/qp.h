@@ -37,6 +37,9 @@ int qp_connect_gid(struct erdma_device *dev, struct qp_ctx *q, uint32_t remote_q
                    const uint8_t remote_gid[16], enum ibv_mtu mtu, const struct qp_params *p,
                    const char *peer);
 void qp_destroy(struct qp_ctx *q);
+/* How long a QP keeps retrying an unacknowledged send before it fails it (IB's transport
+ * timer, 4.096 us * 2^NCCL_IB_TIMEOUT, tried NCCL_IB_RETRY_CNT + 1 times): ~34 s by default. */
+uint64_t qp_retry_window_ns(void);
 /* Send-queue accounting: room for n more WRs? Record a signaled batch; retire one. */
 static inline int qp_sq_room(const struct qp_ctx *q) {
     return q->sq_depth - q->sq_used;

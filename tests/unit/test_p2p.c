@@ -6,6 +6,7 @@
  * and by completing our receives with immediates of its choosing.
  */
 #define _GNU_SOURCE
+#include "async.h"
 #include "comm.h"
 #include "conn.h"
 #include "device.h"
@@ -1127,8 +1128,124 @@ static void test_forked_child_leaves_parent_alone(void **state) {
     close_pair(&p);
 }
 
+/* ---- the port goes down under a connection ---- */
+
+/* Starts the async-event thread and names the device's netdev, as sysfs would. */
+static void watch_port(void) {
+    strcpy(device_get(0)->netdev, "eth9");
+    assert_int_equal(async_start(), 0);
+}
+
+/* Queues a port event for the async thread and waits (bounded) until it took effect. */
+static void port_event(enum ibv_event_type type) {
+    int want = type == IBV_EVENT_PORT_ERR ? -ENETDOWN : 0;
+    fake_async_event(0, type, 1);
+    uint64_t until = now_ns() + 5000000000ull;
+    while (__atomic_load_n(&device_get(0)->fatal, __ATOMIC_ACQUIRE) != want && now_ns() < until)
+        usleep(1000);
+    assert_int_equal(device_get(0)->fatal, want);
+}
+
+/* One receive of len bytes and tag 1 posted on p, its request returned. */
+static void *post_recv_tag1(struct pair *p, char *dst, size_t len, void **mh) {
+    *mh = reg(p->rc, dst, len);
+    void *data[1] = {dst}, *mhs[1] = {*mh}, *req = NULL;
+    size_t sizes[1] = {len};
+    int tags[1] = {1};
+    assert_int_equal(erdma_irecv(p->rc, 1, data, sizes, tags, mhs, NULL, &req), 0);
+    assert_non_null(req);
+    return req;
+}
+
+/* A link flap shorter than the QPs' retry window fails nothing, as in net_ib (a port error
+ * is a "non-fatal" event there): the QPs' retries carry it. A receive posted before the down
+ * waits through it (several health checks) and completes once the port is back. Until
+ * 2026-12-07 every connection made before a down failed at its next health check, whether or
+ * not its QPs survived (on rxe an idle QP does). A connection that does fail after the down
+ * says the link is the likely cause, whatever its QP reported. */
+static void test_connection_rides_out_a_flap(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    watch_port();
+    char src[256], dst[256] = {0};
+    memset(src, 0x5A, sizeof(src));
+    void *rmh, *smh = reg(p.sc, src, sizeof(src)), *sreq = NULL;
+    void *rreq = post_recv_tag1(&p, dst, sizeof(dst), &rmh);
+    unit_log_count = 0;
+    port_event(IBV_EVENT_PORT_ERR);
+    assert_logged(NCCL_LOG_WARN, "fake0", "port went down", "check the link of eth9");
+    uint64_t until = now_ns() + 300000000ull; /* three health checks */
+    while (now_ns() < until) {
+        int done = 0;
+        int rc = erdma_test(rreq, &done, NULL);
+        if (rc) unit_log_print();
+        assert_int_equal(rc, 0);
+        assert_false(done);
+        usleep(1000);
+    }
+    port_event(IBV_EVENT_PORT_ACTIVE);
+    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
+        assert_int_equal(erdma_isend(p.sc, src, sizeof(src), 1, smh, NULL, &sreq), 0);
+    int got[1] = {-1};
+    assert_int_equal(wait_req(sreq, NULL), 1);
+    assert_int_equal(wait_req(rreq, got), 1);
+    assert_int_equal(got[0], (int)sizeof(src));
+    assert_memory_equal(src, dst, sizeof(src));
+
+    /* a failure after the flap names the link */
+    rreq = post_recv_tag1(&p, dst, sizeof(dst), &rmh);
+    unit_log_count = 0;
+    int ret = 0;
+    sreq = NULL;
+    for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++) {
+        fake_fail_next_post(EIO); /* armed again: a call that posts nothing leaves it */
+        ret = erdma_isend(p.sc, src, sizeof(src), 1, smh, NULL, &sreq);
+    }
+    fake_fail_next_post(0);
+    assert_int_equal(ret, -EIO);
+    assert_logged(NCCL_LOG_WARN, "fake0", "port went down during the connection with", "127.0.0.1",
+                  "check the link of eth9");
+    async_stop();
+    close_pair(&p);
+}
+
+/* With NCCL_IB_TIMEOUT=12 and NCCL_IB_RETRY_CNT=1 the QPs' retry window is 4.096 us * 2^12 * 2
+ * = 34 ms. */
+static int setup_short_retry(void **state) {
+    static const char *const env[] = {"NCCL_IB_TIMEOUT=12", "NCCL_IB_RETRY_CNT=1", NULL};
+    return start_one(env);
+}
+
+/* A port that stays down longer than the QPs' retry window fails what waits on the peer, with
+ * a WARN that names the link (else a receive would wait for good: nothing on the wire can
+ * end it), and not before that window. */
+static void test_port_down_outlasting_retries_fails_waiters(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    watch_port();
+    char dst[256];
+    void *rmh, *rreq = post_recv_tag1(&p, dst, sizeof(dst), &rmh);
+    unit_log_count = 0;
+    uint64_t t0 = now_ns();
+    port_event(IBV_EVENT_PORT_ERR);
+    int ret = 0, done = 0;
+    while (!ret && now_ns() - t0 < 5000000000ull)
+        ret = erdma_test(rreq, &done, NULL);
+    double waited = (now_ns() - t0) / 1e9;
+    assert_int_equal(ret, -ENETDOWN);
+    assert_true(waited >= 0.030);
+    assert_logged(NCCL_LOG_WARN, "fake0", "127.0.0.1", "port has been down for",
+                  "retry window (0.0 s", "check the link of eth9");
+    assert_int_equal(erdma_test(rreq, &done, NULL), -ENETDOWN); /* and stays failed */
+    async_stop();
+    close_pair(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_connection_rides_out_a_flap, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_port_down_outlasting_retries_fails_waiters,
+                                        setup_short_retry, teardown_env),
         cmocka_unit_test_setup_teardown(test_roundtrip, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_forked_child_leaves_parent_alone, setup_one,
                                         teardown_env),
