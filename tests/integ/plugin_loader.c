@@ -38,12 +38,19 @@ void log_reset(void) {
     pthread_mutex_unlock(&log_lock);
 }
 
+/* Under the lock: the async-event thread may be logging meanwhile. */
 bool log_contains(const char *needle) {
-    return strstr(log_buf, needle) != NULL;
+    pthread_mutex_lock(&log_lock);
+    bool found = strstr(log_buf, needle) != NULL;
+    pthread_mutex_unlock(&log_lock);
+    return found;
 }
 
 bool log_has_warn(void) {
-    return log_warns > 0;
+    pthread_mutex_lock(&log_lock);
+    bool any = log_warns > 0;
+    pthread_mutex_unlock(&log_lock);
+    return any;
 }
 
 const char *log_text(void) {
