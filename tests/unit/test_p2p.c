@@ -73,6 +73,16 @@ static void *reg(void *comm, void *buf, size_t len) {
     return mh;
 }
 
+/* Calls isend until the receiver's clear-to-send lets the message start (a NULL request is
+ * "not yet", as in net_ib): its request. */
+static void *send_started(void *sc, void *buf, size_t len, int tag, void *mh) {
+    void *req = NULL;
+    for (int i = 0; i < POLL_LIMIT && !req; i++)
+        assert_int_equal(erdma_isend(sc, buf, len, tag, mh, NULL, &req), 0);
+    assert_non_null(req);
+    return req;
+}
+
 /* Tests a request until it is done or fails: 1 done, -errno failed, 0 still pending. */
 static int wait_req(void *req, int *sizes) {
     for (int i = 0; i < POLL_LIMIT; i++) {
@@ -100,9 +110,7 @@ static void test_roundtrip(void **state) {
         int tags[1] = {round};
         assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
         assert_non_null(rreq);
-        for (int i = 0; i < POLL_LIMIT && !sreq; i++)
-            assert_int_equal(erdma_isend(p.sc, src, len, round, smh, NULL, &sreq), 0);
-        assert_non_null(sreq);
+        sreq = send_started(p.sc, src, len, round, smh);
         int got[1] = {-1};
         assert_int_equal(wait_req(sreq, NULL), 1);
         assert_int_equal(wait_req(rreq, got), 1);
@@ -142,9 +150,7 @@ static void test_longest_in_flight_counted(void **state) {
                 assert_int_equal(done, 0);
             }
         }
-        for (int i = 0; i < POLL_LIMIT && !sreq; i++)
-            assert_int_equal(erdma_isend(p.sc, src, sizeof(src), 3, smh, NULL, &sreq), 0);
-        assert_non_null(sreq);
+        sreq = send_started(p.sc, src, sizeof(src), 3, smh);
         if (round == 1) /* another thread's older reading lands last: the clock steps back */
             __atomic_store_n(&erdma_clock_ns,
                              ((struct erdma_request *)rreq)->posted_ns - 1000000000ull,
@@ -311,9 +317,7 @@ static void test_slot_reused_after_its_completion(void **state) {
         assert_null(sreq[N]);
     }
     fake_cq_hold(p.sc->c.cq, false);
-    for (int i = 0; i < POLL_LIMIT && !sreq[N]; i++)
-        assert_int_equal(erdma_isend(p.sc, src[N], 64, 100, smh, NULL, &sreq[N]), 0);
-    assert_non_null(sreq[N]);
+    sreq[N] = send_started(p.sc, src[N], 64, 100, smh);
     for (int k = 0; k <= N; k++) { /* every send completes, each once */
         assert_int_equal(wait_req(sreq[k], NULL), 1);
         if (k > 0) {
@@ -333,10 +337,7 @@ static void test_peer_lowers_nreqs(void **state) {
     struct multi m;
     connect_pair(&p, 0, 0);
     multi_post_recv(&p, &m, 3);
-    void *s0 = NULL, *s1 = NULL;
-    for (int i = 0; i < POLL_LIMIT && !s0; i++)
-        assert_int_equal(erdma_isend(p.sc, m.src[0], 4096, 100, m.smh[0], NULL, &s0), 0);
-    assert_non_null(s0);
+    void *s0 = send_started(p.sc, m.src[0], 4096, 100, m.smh[0]), *s1 = NULL;
     assert_int_equal(slot0(&p)->nreqs, 3);
     slot0(&p)->nreqs = 2; /* the peer rewrites its clear-to-send */
     unit_log_count = 0;
@@ -358,9 +359,7 @@ static void test_peer_raises_nreqs(void **state) {
     connect_pair(&p, 0, 0);
     multi_post_recv(&p, &m, 2);
     void *s[3] = {NULL, NULL, NULL};
-    for (int i = 0; i < POLL_LIMIT && !s[0]; i++)
-        assert_int_equal(erdma_isend(p.sc, m.src[0], 4096, 100, m.smh[0], NULL, &s[0]), 0);
-    assert_non_null(s[0]);
+    s[0] = send_started(p.sc, m.src[0], 4096, 100, m.smh[0]);
     p.sc->fifo[cts_index(0, 2)] = p.sc->fifo[cts_index(0, 1)];
     p.sc->fifo[cts_index(0, 2)].tag = 102;
     for (int b = 0; b < 3; b++)
@@ -477,9 +476,7 @@ static void refused_post_case(int nbufs, bool refuse_send) {
         assert_int_equal(ret, 0);
         assert_non_null(rreq);
         for (int b = 0; b < nbufs - 1; b++) { /* all but the last buffer: nothing posted yet */
-            for (int i = 0; i < POLL_LIMIT && !sreq; i++)
-                assert_int_equal(erdma_isend(p.sc, src, 256, tags[b], smh, NULL, &sreq), 0);
-            assert_non_null(sreq);
+            sreq = send_started(p.sc, src, 256, tags[b], smh);
             sreq = NULL;
         }
         for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++) {
@@ -540,10 +537,7 @@ static void test_bad_calls_refused(void **state) {
     /* an empty send needs no handle; the receive after the refused one takes slot 0 */
     assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
     assert_non_null(rreq);
-    sreq = NULL;
-    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
-        assert_int_equal(erdma_isend(p.sc, src, 0, 1, NULL, NULL, &sreq), 0);
-    assert_non_null(sreq);
+    sreq = send_started(p.sc, src, 0, 1, NULL);
     int sent[1] = {-1};
     assert_int_equal(wait_req(sreq, sent), 1);
     assert_int_equal(wait_req(rreq, got), 1);
@@ -552,10 +546,7 @@ static void test_bad_calls_refused(void **state) {
     /* and a sized one after it, with its handle */
     assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
     assert_non_null(rreq);
-    sreq = NULL;
-    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
-        assert_int_equal(erdma_isend(p.sc, src, 64, 1, smh, NULL, &sreq), 0);
-    assert_non_null(sreq);
+    sreq = send_started(p.sc, src, 64, 1, smh);
     assert_int_equal(wait_req(sreq, sent), 1);
     assert_int_equal(wait_req(rreq, got), 1);
     assert_int_equal(sent[0], 64);
@@ -938,9 +929,7 @@ static void test_gpu_payload_never_inline(void **state) {
             assert_int_equal(erdma_irecv(p.rc, nb, data, sizes, tags, rmh, NULL, &rreq), 0);
             assert_non_null(rreq);
             for (int b = 0; b < nb; b++)
-                for (int i = 0; i < POLL_LIMIT && !sreq[b]; i++)
-                    assert_int_equal(
-                        erdma_isend(p.sc, gpu + 100 * b, lens[k], tags[b], gmh, NULL, &sreq[b]), 0);
+                sreq[b] = send_started(p.sc, gpu + 100 * b, lens[k], tags[b], gmh);
             for (int b = 0; b < nb; b++) {
                 assert_non_null(sreq[b]);
                 assert_int_equal(wait_req(sreq[b], NULL), 1);
@@ -962,9 +951,7 @@ static void test_gpu_payload_never_inline(void **state) {
     int tags[1] = {3};
     fake_watch_inline(host, sizeof(host));
     assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, rmh, NULL, &rreq), 0);
-    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
-        assert_int_equal(erdma_isend(p.sc, host, 8, 3, hmh, NULL, &sreq), 0);
-    assert_non_null(sreq);
+    sreq = send_started(p.sc, host, 8, 3, hmh);
     assert_int_equal(wait_req(sreq, NULL), 1);
     assert_int_equal(wait_req(rreq, NULL), 1);
     assert_int_equal(fake_inline_watched(), 1);
@@ -1010,10 +997,7 @@ static void exchange_across(struct pair *p, uint32_t start) {
     }
     for (int k = 0; k < K; k++) {
         memset(src[k], 'a' + k, sizeof(src[k]));
-        sreq[k] = NULL;
-        for (int i = 0; i < POLL_LIMIT && !sreq[k]; i++)
-            assert_int_equal(erdma_isend(p->sc, src[k], 100 + k, k, smh, NULL, &sreq[k]), 0);
-        assert_non_null(sreq[k]);
+        sreq[k] = send_started(p->sc, src[k], 100 + k, k, smh);
     }
     for (int k = 0; k < K; k++) {
         int got[1] = {-1};
@@ -1113,9 +1097,7 @@ static void test_forked_child_leaves_parent_alone(void **state) {
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
     /* the parent's receive, posted before the fork, still completes */
-    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
-        assert_int_equal(erdma_isend(p.sc, src, 64, 5, smh, NULL, &sreq), 0);
-    assert_non_null(sreq);
+    sreq = send_started(p.sc, src, 64, 5, smh);
     int got[1] = {-1};
     assert_int_equal(wait_req(sreq, NULL), 1);
     assert_int_equal(wait_req(rreq, got), 1);
@@ -1184,8 +1166,7 @@ static void test_connection_rides_out_a_flap(void **state) {
         usleep(1000);
     }
     port_event(IBV_EVENT_PORT_ACTIVE);
-    for (int i = 0; i < POLL_LIMIT && !sreq; i++)
-        assert_int_equal(erdma_isend(p.sc, src, sizeof(src), 1, smh, NULL, &sreq), 0);
+    sreq = send_started(p.sc, src, sizeof(src), 1, smh);
     int got[1] = {-1};
     assert_int_equal(wait_req(sreq, NULL), 1);
     assert_int_equal(wait_req(rreq, got), 1);
