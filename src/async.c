@@ -43,8 +43,7 @@ static void handle_event(struct ibv_context *ctx, const struct ibv_async_event *
             __atomic_store_n(&d->fatal, -ENETDOWN, __ATOMIC_RELEASE);
             WARN("%s:%d: port went down (%s): check the link of %s; its connections wait up to "
                  "%.1f s (their QPs' retry window) for it, new ones wait until it is active again",
-                 d->name, d->port, what, d->netdev[0] ? d->netdev : "its netdev",
-                 qp_retry_window_ns() / 1e9);
+                 d->name, d->port, what, device_netdev_name(d), qp_retry_window_ns() / 1e9);
             break;
         case IBV_EVENT_PORT_ACTIVE: {
             if (ev->element.port_num != d->port) break;

@@ -285,7 +285,7 @@ static int port_ready(struct erdma_device *dev, struct port_wait *w, const char 
         INFO(NCCL_NET,
              "%s: %s (check the link of %s): %s %s waits for it, up to "
              "NCCL_ERDMA_CONNECT_TIMEOUT=%lds",
-             dev->name, why, dev->netdev[0] ? dev->netdev : "its netdev", who, peer,
+             dev->name, why, device_netdev_name(dev), who, peer,
              param_int(P_ERDMA_CONNECT_TIMEOUT));
     w->why = why;
     w->next_ns = now_ns() + PORT_POLL_MS * 1000000ull;
@@ -610,7 +610,7 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
         WARN("%s: could not connect to %s within NCCL_ERDMA_CONNECT_TIMEOUT=%lds: %s; check "
              "the link of %s",
              dev->name, st->sc->c.peer, param_int(P_ERDMA_CONNECT_TIMEOUT), st->port.why,
-             dev->netdev[0] ? dev->netdev : "its netdev");
+             device_netdev_name(dev));
         rc = -ETIMEDOUT;
     } else if (late) {
         WARN("%s: could not connect to %s within NCCL_ERDMA_CONNECT_TIMEOUT=%lds (%d TCP "
@@ -1019,7 +1019,7 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
         WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds: "
              "%s; check the link of %s",
              lc->base.dev->name, as->peer, param_int(P_ERDMA_CONNECT_TIMEOUT), as->port.why,
-             lc->base.dev->netdev[0] ? lc->base.dev->netdev : "its netdev");
+             device_netdev_name(lc->base.dev));
         rc = -ETIMEDOUT;
     } else if (late) {
         WARN("%s: connection from %s did not complete within NCCL_ERDMA_CONNECT_TIMEOUT=%lds "

@@ -91,6 +91,11 @@ void devices_release(void);
 int devices_count(void);
 struct erdma_device *device_get(int index);
 
+/* The netdev whose link to check, for the messages that say so. */
+static inline const char *device_netdev_name(const struct erdma_device *d) {
+    return d->netdev[0] ? d->netdev : "its netdev";
+}
+
 /* NULL when the device's port can carry a new connection now, else why not, in words. */
 const char *device_port_unusable(struct erdma_device *d);
 void device_fill_props(const struct erdma_device *dev, struct erdma_props *props);

@@ -170,7 +170,7 @@ static __attribute__((noinline)) void port_down_hint(const struct conn *c) {
         return;
     WARN("%s: the port went down during the connection with %s: the likely cause of its "
          "failure; check the link of %s",
-         d->name, c->peer, d->netdev[0] ? d->netdev : "the device's netdev");
+         d->name, c->peer, device_netdev_name(d));
 }
 
 /* First failure wins: later completions are usually flushes caused by it. */
@@ -894,8 +894,7 @@ static __attribute__((noinline)) int port_down_outlasted(struct conn *c, uint64_
     if (since > t || t - since < window || !conn_needs_peer(c)) return 0;
     WARN("%s: connection with %s fails: the port has been down for %.1f s, longer than its QPs' "
          "retry window (%.1f s: NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT); check the link of %s",
-         d->name, c->peer, (t - since) / 1e9, window / 1e9,
-         d->netdev[0] ? d->netdev : "the device's netdev");
+         d->name, c->peer, (t - since) / 1e9, window / 1e9, device_netdev_name(d));
     return -ENETDOWN;
 }
 

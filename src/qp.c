@@ -125,8 +125,7 @@ int qp_connect_gid(struct erdma_device *dev, struct qp_ctx *q, uint32_t remote_q
     if (down) { /* the link flapped in the middle of the handshake */
         WARN("%s: QP %u to RTR towards %s failed: %s (%s): check the link of %s; connections "
              "made once it is back work",
-             dev->name, q->qp->qp_num, peer, strerror(-rc), down,
-             dev->netdev[0] ? dev->netdev : "its netdev");
+             dev->name, q->qp->qp_num, peer, strerror(-rc), down, device_netdev_name(dev));
         return rc;
     }
     if (rc) {

@@ -106,11 +106,16 @@ struct under {
     bool survives;   /* the waiting receive completes after the flap */
 };
 
+/* Waits until dev's port is ACTIVE again, so that what runs next finds the link up. */
+static int wait_port_active(const char *dev, double limit_s) {
+    char path[128];
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/1/state", dev);
+    return wait_file_holds(path, "ACTIVE", limit_s) >= 0 ? 0 : -1;
+}
+
 /* Waits for the link's return: the port ACTIVE, and on rxe0 its GID back at index 1. */
 static int link_back(const struct under *u) {
-    char path[128];
-    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/1/state", u->dev);
-    if (wait_file_holds(path, "ACTIVE", 30) < 0) return -1;
+    if (wait_port_active(u->dev, 30) < 0) return -1;
     return strcmp(u->dev, "rxe0") ? 0 : wait_gid_back(30);
 }
 
@@ -162,18 +167,16 @@ static int under_receiver(struct duo *d, void *arg) {
         } else if (!r) {
             r = net_wait(&n, req, &got, 10); /* the QPs' flush is on its way */
         }
-        if (u->survives)
+        if (u->survives) {
             fprintf(stderr,
                     "FIGURE: %s: a receive waiting through a 1 s link flap: rc %d, %d bytes, "
                     "%.2f s after the sender sent once the link was back\n",
                     u->dev, r, got, t);
-        else
+            CHECK(r == 0 && got == FLAP_MSG && pattern_check(buf, FLAP_MSG, 42) < 0);
+        } else {
             fprintf(stderr,
                     "FIGURE: %s: a receive waiting through a 1 s link flap: rc %d after %.2f s\n",
                     u->dev, r, t);
-        if (u->survives) {
-            CHECK(r == 0 && got == FLAP_MSG && pattern_check(buf, FLAP_MSG, 42) < 0);
-        } else {
             CHECK(r == ncclRemoteError);
             CHECK(log_contains("port went down during the connection with"));
             CHECK(duo_send(d, "f", 1) == 0);
@@ -244,13 +247,6 @@ struct flap {
     const char *dev, *netdev;
     bool mid;
 };
-
-/* Waits until dev's port is ACTIVE again, so that what runs next finds the link up. */
-static int wait_port_active(const char *dev, double limit_s) {
-    char path[128];
-    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/1/state", dev);
-    return wait_file_holds(path, "ACTIVE", limit_s) >= 0 ? 0 : -1;
-}
 
 /* mid: the link goes down and up while the sender's hello waits for the receiver's accept
  * (NCCL calls accept when it gets to it); else the sender's connect starts with it down. */

@@ -83,6 +83,19 @@ static void *send_started(void *sc, void *buf, size_t len, int tag, void *mh) {
     return req;
 }
 
+/* Calls isend with each post refused with err (armed again each call: a call that posts
+ * nothing leaves it) until the send fails or starts: isend's return; *req its request. */
+static int send_refused(void *sc, void *buf, size_t len, int tag, void *mh, int err, void **req) {
+    int ret = 0;
+    *req = NULL;
+    for (int i = 0; i < POLL_LIMIT && !*req && !ret; i++) {
+        fake_fail_next_post(err);
+        ret = erdma_isend(sc, buf, len, tag, mh, NULL, req);
+    }
+    fake_fail_next_post(0);
+    return ret;
+}
+
 /* Tests a request until it is done or fails: 1 done, -errno failed, 0 still pending. */
 static int wait_req(void *req, int *sizes) {
     for (int i = 0; i < POLL_LIMIT; i++) {
@@ -479,11 +492,7 @@ static void refused_post_case(int nbufs, bool refuse_send) {
             sreq = send_started(p.sc, src, 256, tags[b], smh);
             sreq = NULL;
         }
-        for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++) {
-            fake_fail_next_post(ENOMEM); /* armed again: a call that posts nothing leaves it */
-            ret = erdma_isend(p.sc, src, 256, tags[nbufs - 1], smh, NULL, &sreq);
-        }
-        fake_fail_next_post(0);
+        ret = send_refused(p.sc, src, 256, tags[nbufs - 1], smh, ENOMEM, &sreq);
         if (ret != -ENOMEM) unit_log_print();
         assert_int_equal(ret, -ENOMEM);
         assert_null(sreq);
@@ -1176,14 +1185,7 @@ static void test_connection_rides_out_a_flap(void **state) {
     /* a failure after the flap names the link */
     rreq = post_recv_tag1(&p, dst, sizeof(dst), &rmh);
     unit_log_count = 0;
-    int ret = 0;
-    sreq = NULL;
-    for (int i = 0; i < POLL_LIMIT && !sreq && !ret; i++) {
-        fake_fail_next_post(EIO); /* armed again: a call that posts nothing leaves it */
-        ret = erdma_isend(p.sc, src, sizeof(src), 1, smh, NULL, &sreq);
-    }
-    fake_fail_next_post(0);
-    assert_int_equal(ret, -EIO);
+    assert_int_equal(send_refused(p.sc, src, sizeof(src), 1, smh, EIO, &sreq), -EIO);
     assert_logged(NCCL_LOG_WARN, "fake0", "port went down during the connection with", "127.0.0.1",
                   "check the link of eth9");
     async_stop();
