@@ -40,7 +40,11 @@ static void handle_event(struct ibv_context *ctx, const struct ibv_async_event *
             if (ev->element.port_num != d->port) break;
             __atomic_store_n(&d->port_down_ns, now_coarse_ns(), __ATOMIC_RELEASE);
             __atomic_add_fetch(&d->port_downs, 1, __ATOMIC_ACQ_REL);
-            __atomic_store_n(&d->fatal, -ENETDOWN, __ATOMIC_RELEASE);
+            /* a device fatal error stays: a flap during the driver's reset must not hide it
+             * (its PORT_ACTIVE would then clear it, and a dead device's requests wait) */
+            int up = 0;
+            __atomic_compare_exchange_n(&d->fatal, &up, -ENETDOWN, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE);
             WARN("%s:%d: port went down (%s): check the link of %s; its connections wait up to "
                  "%.1f s (their QPs' retry window) for it, new ones wait until it is active again",
                  d->name, d->port, what, device_netdev_name(d), qp_retry_window_ns() / 1e9);

@@ -627,7 +627,11 @@ static int f_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev
     return 0;
 }
 
-static void f_ack_async_event(struct ibv_async_event *ev) {}
+static unsigned async_acks; /* events the plugin has handled: it acks each after handling it */
+
+static void f_ack_async_event(struct ibv_async_event *ev) {
+    __atomic_add_fetch(&async_acks, 1, __ATOMIC_ACQ_REL);
+}
 
 static const char *f_wc_status_str(enum ibv_wc_status s) {
     return s == IBV_WC_SUCCESS ? "success" : "fake error status";
@@ -645,6 +649,10 @@ void fake_async_channel_fails(int dev) {
     struct fake_ctx *c = (struct fake_ctx *)d->ctx;
     close(c->pipe_wr); /* the read end polls as POLLHUP from now on */
     c->pipe_wr = -1;
+}
+
+unsigned fake_async_acked(void) {
+    return __atomic_load_n(&async_acks, __ATOMIC_ACQUIRE);
 }
 
 void fake_async_event(int dev, enum ibv_event_type type, int port) {

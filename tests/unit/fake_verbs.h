@@ -77,6 +77,8 @@ int fake_inline_watched(void);
 int fake_live_qps_cqs(void);
 /* Queues an async event for device dev (async thread tests). */
 void fake_async_event(int dev, enum ibv_event_type type, int port);
+/* Async events acknowledged so far (the plugin acks each once it has handled it). */
+unsigned fake_async_acked(void);
 /* Makes device dev's async fd poll as failed for good (POLLHUP here; a removed device's
  * uverbs fd reports POLLERR), as when the device goes away. */
 void fake_async_channel_fails(int dev);

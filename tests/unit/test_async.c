@@ -46,6 +46,14 @@ static int wait_fatal(int dev, int want) {
     return v;
 }
 
+/* Waits (bounded) until the thread has handled events up to the fake's ack count n. */
+static bool wait_acked(unsigned n) {
+    uint64_t until = now_ns() + 5000000000ull;
+    while (fake_async_acked() < n && now_ns() < until)
+        usleep(1000);
+    return fake_async_acked() >= n;
+}
+
 static void test_port_down_marks_only_its_device(void **state) {
     fake_async_event(1, IBV_EVENT_PORT_ERR, 1);
     assert_int_equal(wait_fatal(1, -ENETDOWN), -ENETDOWN);
@@ -56,6 +64,21 @@ static void test_event_for_another_port_ignored(void **state) {
     fake_async_event(0, IBV_EVENT_PORT_ERR, 2);
     fake_async_event(0, IBV_EVENT_DEVICE_FATAL, 1); /* processed after the first */
     assert_int_equal(wait_fatal(0, -EIO), -EIO);
+}
+
+/* A device fatal error stays through a link flap (a driver reset may bounce the link): the
+ * port's down and up events used to overwrite it and then clear it, and a dead device's
+ * connections, with nothing left to complete their requests, waited silently. */
+static void test_fatal_error_outlives_a_flap(void **state) {
+    fake_async_event(0, IBV_EVENT_DEVICE_FATAL, 1);
+    assert_int_equal(wait_fatal(0, -EIO), -EIO);
+    unsigned acked = fake_async_acked();
+    fake_async_event(0, IBV_EVENT_PORT_ERR, 1);
+    assert_true(wait_acked(acked + 1));
+    assert_int_equal(device_get(0)->fatal, -EIO);
+    fake_async_event(0, IBV_EVENT_PORT_ACTIVE, 1);
+    assert_true(wait_acked(acked + 2));
+    assert_int_equal(device_get(0)->fatal, -EIO);
 }
 
 static void test_stop_with_events_pending(void **state) {
@@ -88,6 +111,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_port_down_marks_only_its_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_for_another_port_ignored, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fatal_error_outlives_a_flap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_with_events_pending, setup, teardown),
         cmocka_unit_test_setup_teardown(test_channel_failure_fails_device_without_spinning, setup,
                                         teardown),
