@@ -305,6 +305,11 @@ static int use_rdmacm_context(struct erdma_device *d) {
     return -ENODEV;
 }
 
+static void cm_devices_release(void) {
+    if (cm_devices) vb.cm_free_devices(cm_devices);
+    cm_devices = NULL;
+}
+
 /* siw's userspace provider (rdma-core) reads a queue mmap key of 0x90000 (SIW_INVAL_UOBJ_KEY)
  * as "no queue", but since siw moved to the core's mmap entries (Linux 5.6) that is a valid key:
  * the queue mapped at page 0x90 of the context. The kernel hands out pages first-fit per context,
@@ -531,6 +536,7 @@ int devices_discover(void) {
     }
     vb.free_device_list(list);
     if (ndevices == 0) {
+        cm_devices_release(); /* a failed init unloads librdmacm without devices_release() */
         if (filter.count)
             WARN("NCCL_IB_HCA=\"%s\" matches no ACTIVE RDMA port (%d device(s) present); check "
                  "the names with ibv_devices",
@@ -556,8 +562,7 @@ void devices_release(void) {
             shared_later |= devices[j].ctx == d->ctx;
         if (!shared_later && !d->ctx_from_cm) vb.close_device(d->ctx);
     }
-    if (cm_devices) vb.cm_free_devices(cm_devices);
-    cm_devices = NULL;
+    cm_devices_release();
     memset(devices, 0, sizeof(devices));
     ndevices = 0;
 }

@@ -945,6 +945,29 @@ static void test_iwarp_without_rdmacm(void **state) {
     release_and_check();
 }
 
+static struct ibv_pd *failing_alloc_pd(struct ibv_context *ctx) {
+    errno = ENOMEM;
+    return NULL;
+}
+
+/* A discovery that finds no usable device after librdmacm listed its devices releases that
+ * list: it kept it, the plugin's init then unloaded librdmacm without devices_release(), and
+ * the next init (NCCL's next communicator, v11) walked the freed list. */
+static void test_failed_discovery_releases_rdmacm_list(void **state) {
+    if (!host_lo_has_127_0_0_1()) fail_msg("this test needs 127.0.0.1 on lo");
+    iwarp_fakes();
+    struct verbs_api api = fake_api();
+    api.alloc_pd = failing_alloc_pd;
+    verbs_install_fake(&api);
+    assert_discover(-ENODEV);
+    assert_logged(NCCL_LOG_WARN, "erdma_0: ibv_alloc_pd failed");
+    assert_int_equal(cm_lists_out, 0); /* no devices_release() before this */
+    api.alloc_pd = fake_alloc_pd;
+    verbs_install_fake(&api);
+    assert_discover(2); /* the next init finds them again */
+    release_and_check();
+}
+
 static void test_iwarp_gid_mode_refused(void **state) {
     iwarp_fakes();
     setenv("NCCL_ERDMA_CONNECT_MODE", "gid", 1);
@@ -1002,6 +1025,7 @@ int main(void) {
         T(test_iwarp_uses_rdmacm),
         T(test_iwarp_without_rdmacm),
         T(test_iwarp_gid_mode_refused),
+        T(test_failed_discovery_releases_rdmacm_list),
         T(test_completion_override),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
