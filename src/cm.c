@@ -264,6 +264,8 @@ int cm_connect_progress(struct send_comm *sc, const struct sockaddr_in *dst, uin
 }
 
 /* ------------------------------------------------------------ receiver */
+#define CM_EVENTS_PER_CALL 64
+
 /* A rejected request's id is ours to destroy (after its event is acked): *drop is set to it. */
 static int accept_request(struct listen_comm *lc, struct recv_comm *rc, struct rdma_cm_event *ev,
                           uint64_t nonce, uint32_t token, struct rdma_cm_id **drop) {
@@ -315,8 +317,10 @@ static int accept_request(struct listen_comm *lc, struct recv_comm *rc, struct r
 int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t nonce,
                        uint32_t token) {
     struct rdma_cm_event *ev;
-    int ret;
-    while ((ret = cm_next_event(lc->cm_ch, &ev)) == 1) {
+    int ret = 0;
+    /* at most CM_EVENTS_PER_CALL: a flood of stray requests must not keep NCCL's thread in
+     * one call (the rest wait in the channel for the next) */
+    for (int k = 0; k < CM_EVENTS_PER_CALL && (ret = cm_next_event(lc->cm_ch, &ev)) == 1; k++) {
         struct rdma_cm_id *drop = NULL;
         switch (ev->event) {
         case RDMA_CM_EVENT_CONNECT_REQUEST:

@@ -808,6 +808,9 @@ static void drop_stray_peer(struct listen_comm *lc, int i, const char *why) {
 
 /* The most candidates served at once; past it the oldest is dropped for the newest. */
 #define ACCEPT_MAX_CANDIDATES 32
+/* The most clients one accept call takes from the backlog: a flood (a scanner completing
+ * handshakes faster than we read them) must not keep NCCL's thread in one call. */
+#define ACCEPT_PER_CALL 64
 
 /* Reads what each candidate sent, dropping those that closed, sent a bad hello or let their
  * hello deadline pass. 1 with lc->pending set to (and taken out of the candidates) the first
@@ -873,7 +876,7 @@ static int accept_candidates(struct listen_comm *lc) {
         if (!lc->candidates) return -ENOMEM;
     }
     int found = 0;
-    for (;;) {
+    for (int taken = 0; taken < ACCEPT_PER_CALL; taken++) {
         struct sockaddr_in peer;
         int fd = -1;
         int rc = oob_accept(lc->fd, &fd, &peer);

@@ -302,6 +302,37 @@ static void test_probe_burst_behind_real_peer(void **state) {
     assert_int_equal(erdma_close_listen(lc), 0);
 }
 
+/* A flood of clients (a scanner completing TCP handshakes faster than they are read) must
+ * not keep one accept call looping: it accepted until the backlog was empty, paying a read
+ * of every candidate and a WARN per dropped client, and NCCL's thread, serving its other
+ * comms between calls, never got back. Each call now takes at most 64; the rest wait for
+ * the next. */
+static void test_accept_bounded_per_call(void **state) {
+    enum { CLIENTS = 120 }; /* under the listen backlog (128): all are queued at once */
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc = NULL, *r = NULL;
+    assert_int_equal(erdma_listen(0, handle, &lc), 0);
+    struct wire_handle h;
+    memcpy(&h, handle, sizeof(h));
+    int fds[CLIENTS];
+    for (int i = 0; i < CLIENTS; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&h.addr, sizeof(h.addr)), 0);
+    }
+    unit_log_count = 0;
+    assert_int_equal(erdma_accept(lc, &r), 0);
+    assert_null(r);
+    int dropped = unit_log_count_matching(NCCL_LOG_WARN, (const char *const[]){"too many", NULL});
+    assert_int_equal(dropped, 64 - 32); /* 64 taken, 32 kept as candidates */
+    for (int i = 0; i < 10; i++)        /* the rest of the backlog on the next calls */
+        assert_int_equal(erdma_accept(lc, &r), 0);
+    dropped = unit_log_count_matching(NCCL_LOG_WARN, (const char *const[]){"too many", NULL});
+    assert_int_equal(dropped, CLIENTS - 32);
+    for (int i = 0; i < CLIENTS; i++)
+        close(fds[i]);
+    assert_int_equal(erdma_close_listen(lc), 0);
+}
+
 /* A listen that fails (no IPv4 address on the netdev yet: a flapping link) must not count
  * a comm closed that was never counted open: one count short, a later finalize with one comm
  * still open released the devices under it. */
@@ -638,6 +669,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_bad_handles, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_hangs_up_during_handshake, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_hello_dropped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_accept_bounded_per_call, setup, teardown),
         cmocka_unit_test_setup_teardown(test_probe_burst_behind_real_peer, setup, teardown),
         cmocka_unit_test(test_failed_listen_keeps_object_count),
         cmocka_unit_test_setup_teardown(test_close_stops_profiler_events, setup, teardown),
