@@ -474,6 +474,23 @@ static void log_device_order(void) {
     INFO(NCCL_INIT | NCCL_NET, "%s", line);
 }
 
+/* An include list's entry that selects none of the ports in use: a misspelt or absent NIC
+ * would otherwise be left out in silence (net_ib says nothing either), the job running on
+ * the rest. */
+static void warn_unused_entries(const struct hca_filter *f) {
+    for (int i = 0; i < f->count && !f->exclude; i++) {
+        bool used = false;
+        for (int j = 0; j < ndevices && !used; j++)
+            used = hca_filter_entry_match(f, i, devices[j].name, devices[j].port);
+        if (used) continue;
+        char port[16] = "";
+        if (f->entries[i].port >= 0) snprintf(port, sizeof(port), ":%d", f->entries[i].port);
+        WARN("NCCL_IB_HCA entry \"%s%s\" selects no ACTIVE RDMA port: that NIC is not used; "
+             "check the name with ibv_devices and the port's state with ibv_devinfo",
+             f->entries[i].name, port);
+    }
+}
+
 int devices_discover(void) {
     struct hca_filter filter;
     char err[160];
@@ -545,6 +562,7 @@ int devices_discover(void) {
             WARN("no ACTIVE RDMA port usable among %d device(s)", num);
         return -ENODEV;
     }
+    warn_unused_entries(&filter);
     log_using_line();
     log_device_order();
     return ndevices;

@@ -23,6 +23,13 @@ int hca_filter_parse(const char *spec, struct hca_filter *f, char *err, int errl
     while (*p) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
+        /* spaces around an entry ("erdma_0, erdma_1") are no part of a device name */
+        while (len > 0 && *p == ' ') {
+            p++;
+            len--;
+        }
+        while (len > 0 && p[len - 1] == ' ')
+            len--;
         if (len == 0) {
             p += end ? 1 : 0;
             if (!end) break;
@@ -59,8 +66,9 @@ int hca_filter_parse(const char *spec, struct hca_filter *f, char *err, int errl
                 snprintf(err, errlen, "entry \"%s\" has more than dev:port:rail:plane", whole);
                 return -EINVAL;
             }
+            if (field[0] == 0) continue; /* empty: not given, as NCCL 2.28+ reads it */
             long v = strtol(field, &e, 10);
-            if (field[0] == 0 || *e || v < fields[k].lo || v > fields[k].hi) {
+            if (*e || v < fields[k].lo || v > fields[k].hi) {
                 snprintf(err, errlen, "entry \"%s\" has an invalid %s", whole, fields[k].what);
                 return -EINVAL;
             }
@@ -81,7 +89,7 @@ int hca_filter_parse(const char *spec, struct hca_filter *f, char *err, int errl
     return 0;
 }
 
-static bool entry_match(const struct hca_filter *f, int i, const char *dev, int port) {
+bool hca_filter_entry_match(const struct hca_filter *f, int i, const char *dev, int port) {
     const char *want = f->entries[i].name;
     bool name_ok = f->exact ? !strcmp(dev, want) : !strncmp(dev, want, strlen(want));
     return name_ok && (f->entries[i].port == -1 || f->entries[i].port == port);
@@ -91,13 +99,13 @@ bool hca_filter_match(const struct hca_filter *f, const char *dev, int port) {
     if (f->count == 0) return true;
     bool any = false;
     for (int i = 0; i < f->count && !any; i++)
-        any = entry_match(f, i, dev, port);
+        any = hca_filter_entry_match(f, i, dev, port);
     return f->exclude ? !any : any;
 }
 
 int hca_filter_entry(const struct hca_filter *f, const char *dev, int port) {
     if (f->exclude) return -1;
     for (int i = 0; i < f->count; i++)
-        if (entry_match(f, i, dev, port)) return i;
+        if (hca_filter_entry_match(f, i, dev, port)) return i;
     return -1;
 }

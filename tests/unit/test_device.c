@@ -781,6 +781,24 @@ static void test_hca_filter(void **state) {
     assert_discover(-ENODEV);
     assert_logged(NCCL_LOG_WARN, "matches no ACTIVE RDMA port");
     release_and_check();
+
+    /* an entry that selects nothing is named, though the others work: a misspelt NIC was
+     * left out in silence, and the job ran on half its bandwidth */
+    setenv("NCCL_IB_HCA", "erdma_0, erdam_1", 1);
+    assert_discover(1);
+    assert_logged(NCCL_LOG_WARN, "NCCL_IB_HCA entry \"erdam_1\" selects no ACTIVE RDMA port",
+                  "check the name with ibv_devices");
+    assert_int_equal(unit_log_count_level(NCCL_LOG_WARN), 1);
+    release_and_check();
+    setenv("NCCL_IB_HCA", "erdma_0:1,erdma_0:2,erdma", 1); /* a port the device lacks */
+    assert_discover(2);
+    assert_logged(NCCL_LOG_WARN, "entry \"erdma_0:2\" selects no ACTIVE RDMA port");
+    assert_int_equal(unit_log_count_level(NCCL_LOG_WARN), 1);
+    release_and_check();
+    setenv("NCCL_IB_HCA", "^mlx5", 1); /* excluding what is absent is no mistake */
+    assert_discover(2);
+    assert_int_equal(unit_log_count_level(NCCL_LOG_WARN), 0);
+    release_and_check();
 }
 
 /* NCCL's dev:port:rail:plane: the devices it names carry that rail and plane to getProperties;

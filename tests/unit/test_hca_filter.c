@@ -103,7 +103,7 @@ static void test_exclude_exact_combo(void **state) {
 }
 
 static void test_bad_ports_rejected(void **state) {
-    const char *bad[] = {"x:0", "x:abc", "x:", "x:1x", "x:-1", "x:256", "erdma_0,x:0"};
+    const char *bad[] = {"x:0", "x:abc", "x:1x", "x:-1", "x:256", "erdma_0,x:0"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_int_equal(parse(bad[i]), -EINVAL);
         assert_non_null(strstr(err, "invalid port"));
@@ -189,15 +189,49 @@ static void test_rail_and_plane(void **state) {
     assert_int_equal(hca_filter_entry(&f, "erdma_0", 1), -1);
 }
 
+/* An empty field is one not given, as NCCL 2.28+ parses it: net_ib's own "Using" line prints
+ * a plane without a rail as dev:port::plane, and that form (or a trailing colon) failed the
+ * plugin's init, so NCCL fell back to another transport. */
+static void test_empty_fields_not_given(void **state) {
+    assert_int_equal(parse("erdma_0:1::3,erdma_1::2,erdma_2:"), 0);
+    assert_int_equal(f.count, 3);
+    assert_int_equal(f.entries[0].port, 1);
+    assert_int_equal(f.entries[0].rail, -1);
+    assert_int_equal(f.entries[0].plane, 3);
+    assert_int_equal(f.entries[1].port, -1); /* any port */
+    assert_int_equal(f.entries[1].rail, 2);
+    assert_int_equal(f.entries[1].plane, -1);
+    assert_string_equal(f.entries[2].name, "erdma_2");
+    assert_int_equal(f.entries[2].port, -1);
+    assert_true(hca_filter_match(&f, "erdma_1", 2));
+    assert_int_equal(parse("erdma_0:1:0:"), 0);
+    assert_int_equal(f.entries[0].rail, 0);
+    assert_int_equal(f.entries[0].plane, -1);
+}
+
+/* Spaces around an entry (a list typed as "erdma_0, erdma_1") are not part of a device name:
+ * " erdma_1" matched nothing, and its NIC was silently left out. */
+static void test_spaces_around_entries(void **state) {
+    assert_int_equal(parse(" erdma_0 ,  erdma_1:1 "), 0);
+    assert_int_equal(f.count, 2);
+    assert_string_equal(f.entries[0].name, "erdma_0");
+    assert_string_equal(f.entries[1].name, "erdma_1");
+    assert_int_equal(f.entries[1].port, 1);
+    assert_true(hca_filter_match(&f, "erdma_1", 1));
+    assert_int_equal(parse("^ erdma_0"), 0);
+    assert_true(f.exclude);
+    assert_false(hca_filter_match(&f, "erdma_0", 1));
+}
+
 static void test_bad_rail_and_plane_rejected(void **state) {
     const struct {
         const char *spec, *why;
     } bad[] = {
-        {"erdma_0:1:", "invalid rail"},      {"erdma_0:1:x", "invalid rail"},
-        {"erdma_0:1:-1", "invalid rail"},    {"erdma_0:1:32768", "invalid rail"},
-        {"erdma_0:1:0:", "invalid plane"},   {"erdma_0:1:0:16384", "invalid plane"},
+        {"erdma_0:1:x", "invalid rail"},     {"erdma_0:1:-1", "invalid rail"},
+        {"erdma_0:1:32768", "invalid rail"}, {"erdma_0:1:0:16384", "invalid plane"},
         {"erdma_0:1:0:-2", "invalid plane"}, {"erdma_0:1:0:0:0", "more than dev:port:rail:plane"},
-        {"erdma_0::0:0", "invalid port"},    {"ok,erdma_0:1:0:1z", "invalid plane"},
+        {"erdma_0:0:0:0", "invalid port"},   {"ok,erdma_0:1:0:1z", "invalid plane"},
+        {"erdma_0:1 2", "invalid port"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_int_equal(parse(bad[i].spec), -EINVAL);
@@ -228,6 +262,8 @@ int main(void) {
         cmocka_unit_test(test_long_names),
         cmocka_unit_test(test_rail_and_plane),
         cmocka_unit_test(test_bad_rail_and_plane_rejected),
+        cmocka_unit_test(test_empty_fields_not_given),
+        cmocka_unit_test(test_spaces_around_entries),
         cmocka_unit_test(test_small_error_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
