@@ -101,7 +101,7 @@ int erdma_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
     params_dump();
     if (bad) WARN("%d environment value(s) ignored, see above", bad);
     if (param_int(P_IB_DISABLE)) {
-        INFO(NCCL_INIT | NCCL_NET, "NCCL_IB_DISABLE=1: plugin disabled");
+        INFO(NCCL_INIT | NCCL_NET, "NCCL_IB_DISABLE=%ld: plugin disabled", param_int(P_IB_DISABLE));
         rc = -ENODEV;
         goto fail;
     }

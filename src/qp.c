@@ -7,11 +7,23 @@
 #include <stdio.h>
 #include <string.h>
 
+/* A communicator's traffic class that is neither undefined nor a traffic class: said once. */
+static void warn_bad_traffic_class(int traffic_class) {
+    static int warned;
+    if (__atomic_exchange_n(&warned, 1, __ATOMIC_ACQ_REL)) return;
+    WARN("the communicator's traffic class %d (NCCL config trafficClass) is outside 0..255; "
+         "its connections use NCCL_IB_TC's, else 0",
+         traffic_class);
+}
+
 void qp_params_from_env(struct qp_params *p, int traffic_class) {
-    p->tc = !param_is_set(P_IB_TC) && traffic_class >= 0 && traffic_class <= 255
-                ? traffic_class
-                : (int)param_int(P_IB_TC);
-    p->sl = (int)param_int(P_IB_SL);
+    bool have_tc = traffic_class >= 0 && traffic_class <= 255;
+    if (!have_tc && traffic_class != NCCL_NET_TRAFFIC_CLASS_UNDEF)
+        warn_bad_traffic_class(traffic_class);
+    /* -1 is unset, as net_ib's defaults: the communicator's, else 0 */
+    long env_tc = param_int(P_IB_TC);
+    p->tc = env_tc >= 0 ? (int)env_tc : have_tc ? traffic_class : 0;
+    p->sl = param_int(P_IB_SL) >= 0 ? (int)param_int(P_IB_SL) : 0;
     p->timeout = (int)param_int(P_IB_TIMEOUT);
     p->retry_cnt = (int)param_int(P_IB_RETRY_CNT);
 }

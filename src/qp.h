@@ -16,7 +16,8 @@ struct qp_params {
 };
 
 /* The sender's QPs, in net_ib's order: NCCL_IB_TC when set, else the communicator's traffic
- * class (NCCL_NET_TRAFFIC_CLASS_UNDEF = none), else NCCL_IB_TC's default. */
+ * class (NCCL_NET_TRAFFIC_CLASS_UNDEF = none; another value outside 0..255 is WARNed once), else 0.
+ * NCCL_IB_TC and NCCL_IB_SL of -1 are unset, as net_ib's defaults. */
 void qp_params_from_env(struct qp_params *p, int traffic_class);
 /* The receiver's QPs (clear-to-sends, ACKs): NCCL_IB_FIFO_TC when set, else the traffic class
  * and service level the sender announced (peer_set), else as qp_params_from_env. */

@@ -131,7 +131,7 @@ static void test_invalid_ints_warn_and_default(void **state) {
 static void test_warn_names_range(void **state) {
     setenv("NCCL_IB_SL", "16", 1);
     assert_int_equal(params_load(), 1);
-    assert_logged(NCCL_LOG_WARN, "NCCL_IB_SL=\"16\"", "[0, 15]", "default 0");
+    assert_logged(NCCL_LOG_WARN, "NCCL_IB_SL=\"16\"", "[-1, 15]", "default -1");
 }
 
 static void test_invalid_values_are_counted(void **state) {
@@ -149,7 +149,7 @@ static void test_invalid_values_are_counted(void **state) {
     unsetenv("NCCL_ERDMA_GDR");
     unsetenv("NCCL_IB_TC");
     assert_int_equal(params_load(), 0);
-    assert_int_equal(param_int(P_IB_TC), 0);
+    assert_int_equal(param_int(P_IB_TC), -1);
     assert_false(param_is_set(P_IB_TC));
 }
 
@@ -268,6 +268,39 @@ static void test_traffic_class_order(void **state) {
     assert_int_equal(p.tc, 41);
 }
 
+/* net_ib's own "unset" values (NCCL_IB_TC=-1, NCCL_IB_SL=-1, their defaults there) are valid
+ * and mean unset: they were WARNed as invalid and counted as ignored values. A communicator's
+ * traffic class outside 0..255 (other than undefined, -1) is WARNed once, not dropped in
+ * silence. */
+static void test_net_ib_unset_values(void **state) {
+    struct qp_params p;
+    setenv("NCCL_IB_TC", "-1", 1);
+    setenv("NCCL_IB_SL", "-1", 1);
+    assert_int_equal(params_load(), 0);
+    assert_int_equal(unit_log_count_level(NCCL_LOG_WARN), 0);
+    qp_params_from_env(&p, 106);
+    assert_int_equal(p.tc, 106);
+    assert_int_equal(p.sl, 0);
+    qp_params_from_env(&p, -1);
+    assert_int_equal(p.tc, 0);
+    qp_params_from_env(&p, 300);
+    assert_int_equal(p.tc, 0);
+    assert_logged(NCCL_LOG_WARN, "traffic class 300", "outside 0..255");
+    qp_params_from_env(&p, 300);
+    assert_int_equal(unit_log_count_level(NCCL_LOG_WARN), 1); /* once */
+}
+
+/* As net_ib, any non-zero NCCL_IB_DISABLE disables the plugin: 2 was WARNed as invalid and
+ * the plugin stayed on, the opposite of what was asked. */
+static void test_ib_disable_any_nonzero(void **state) {
+    setenv("NCCL_IB_DISABLE", "2", 1);
+    assert_int_equal(params_load(), 0);
+    assert_true(param_int(P_IB_DISABLE) != 0);
+    setenv("NCCL_IB_DISABLE", "-1", 1);
+    assert_int_equal(params_load(), 0);
+    assert_true(param_int(P_IB_DISABLE) != 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
@@ -283,6 +316,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_dump_lists_only_set_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_markdown_lists_every_parameter, setup, teardown),
         cmocka_unit_test_setup_teardown(test_traffic_class_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_net_ib_unset_values, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ib_disable_any_nonzero, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
