@@ -619,7 +619,9 @@ void device_fill_props(const struct erdma_device *d, struct erdma_props *p) {
     p->guid = d->guid;
     p->ptr_support = d->ptr_support;
     p->reg_is_global = 1; /* mr_cache.c: one cache per device, shared by all comms */
-    p->force_flush = 0;
+    /* net_ib says 0 but for DataDirect NICs; NCCL asks for no flush on sm90+ GPUs unless a
+     * device forces it, so the testing knob must reach NCCL to mean anything there */
+    p->force_flush = param_int(P_ERDMA_FORCE_FLUSH) ? 1 : 0;
     p->speed = d->speed_mbps;
     p->port = d->port;
     p->latency = 0;

@@ -834,6 +834,23 @@ static void test_hca_rail_plane(void **state) {
     release_and_check();
 }
 
+/* NCCL_ERDMA_FORCE_FLUSH=1 reaches NCCL as forceFlush: NCCL (2.27+) calls iflush only where
+ * the topology needs it (never on sm90+ GPUs) unless a device says forceFlush, so the knob
+ * that says "flushes after every receive" did nothing under NCCL. */
+static void test_force_flush_reported(void **state) {
+    struct erdma_props p;
+    ebmgn9g_fakes();
+    assert_discover(2);
+    device_fill_props(device_get(0), &p);
+    assert_int_equal(p.force_flush, 0); /* net_ib's answer for a NIC that is not DataDirect */
+    release_and_check();
+    setenv("NCCL_ERDMA_FORCE_FLUSH", "1", 1);
+    assert_discover(2);
+    device_fill_props(device_get(1), &p);
+    assert_int_equal(p.force_flush, 1);
+    release_and_check();
+}
+
 static void test_hca_filter_malformed(void **state) {
     ebmgn9g_fakes();
     setenv("NCCL_IB_HCA", "erdma_0:x", 1);
@@ -1044,6 +1061,7 @@ int main(void) {
         T(test_iwarp_without_rdmacm),
         T(test_iwarp_gid_mode_refused),
         T(test_failed_discovery_releases_rdmacm_list),
+        T(test_force_flush_reported),
         T(test_completion_override),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
