@@ -201,7 +201,8 @@ static ncclResult_t api_get_properties_v12(int dev, ncclNetProperties_v12_t *out
 
 /* ------------------------------------------------------------ v8 (int sizes) */
 /* Each table's init says which ncclNet version NCCL picked: NCCL takes the newest it knows, so
- * v8 means NCCL 2.21 or older, whose graph model differs (topo.c's graph selection). */
+ * v8 means NCCL 2.23 or older (v9 came with 2.24), whose graph model differs (topo.c's graph
+ * selection). */
 static ncclResult_t api_init_v8(ncclDebugLogger_t logger) {
     erdma_set_net_version(8);
     return to_nccl(erdma_init(logger, NULL));
