@@ -370,7 +370,8 @@ static int send_comm_setup(struct connect_state *st, struct erdma_device *dev) {
     memset(m, 0, sizeof(*m));
     if (dev->connect_mode == CONNECT_GID) {
         for (int i = 0; i < nqps; i++) {
-            rc = qp_create(dev, sc->c.cq, conn_sq_depth(dev, true), 1, &sc->c.qps[i]);
+            rc = qp_create(dev, sc->c.cq, conn_sq_depth(dev, true), 1, QP_ACCESS_PEER,
+                           &sc->c.qps[i]);
             if (rc) return rc;
             m->qpn[i] = sc->c.qps[i].qp->qp_num;
         }
@@ -709,7 +710,7 @@ static bool flush_wanted(const struct erdma_device *dev) {
 
 /* The flush QP reads from our own memory: connected to itself (GID mode only). */
 static int flush_qp_setup(struct recv_comm *rc, struct erdma_device *dev) {
-    int ret = qp_create(dev, rc->c.cq, ERDMA_FIFO_DEPTH * 2, 1, &rc->flush_qp);
+    int ret = qp_create(dev, rc->c.cq, ERDMA_FIFO_DEPTH * 2, 1, QP_ACCESS_FLUSH, &rc->flush_qp);
     if (ret) return ret;
     struct qp_params qpp;
     qp_params_from_env(&qpp, -1);
@@ -754,8 +755,8 @@ static int recv_comm_setup(struct accept_state *as, struct erdma_device *dev) {
         qp_params_for_receiver(&qpp, m->qos_set == 1, m->tc, m->sl & 0xf);
         enum ibv_mtu mtu = m->mtu < dev->active_mtu ? (enum ibv_mtu)m->mtu : dev->active_mtu;
         for (int i = 0; i < rc->c.nqps; i++) {
-            ret =
-                qp_create(dev, rc->c.cq, conn_sq_depth(dev, false), ERDMA_RQ_DEPTH, &rc->c.qps[i]);
+            ret = qp_create(dev, rc->c.cq, conn_sq_depth(dev, false), ERDMA_RQ_DEPTH,
+                            QP_ACCESS_PEER, &rc->c.qps[i]);
             if (ret) return ret;
             reply.qpn[i] = rc->c.qps[i].qp->qp_num;
         }

@@ -83,7 +83,7 @@ static struct ibv_qp *make_verbs_qp(void *pd, struct ibv_qp_init_attr *a) {
     return vb.create_qp(pd, a);
 }
 
-int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_depth,
+int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_depth, int access,
               struct qp_ctx *q) {
     memset(q, 0, sizeof(*q));
     int rc = qp_create_stepped(q, cq, sq_depth, rq_depth, make_verbs_qp, dev->pd);
@@ -97,8 +97,7 @@ int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_
         .qp_state = IBV_QPS_INIT,
         .pkey_index = 0,
         .port_num = (uint8_t)dev->port,
-        .qp_access_flags =
-            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+        .qp_access_flags = (unsigned)access,
     };
     rc = verbs_errno(vb.modify_qp(
         q->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));

@@ -30,8 +30,13 @@ typedef struct ibv_qp *(*qp_maker)(void *arg, struct ibv_qp_init_attr *a);
  * and records its send depth and inline limit in q. 0 or -errno (not logged). */
 int qp_create_stepped(struct qp_ctx *q, struct ibv_cq *cq, int sq_depth, int rq_depth,
                       qp_maker make, void *arg);
-/* Create an RC QP and move it to INIT (GID mode). */
-int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_depth,
+/* What a QP lets the other end do to our memory, as net_ib (connect.cc): a connection's QPs
+ * take RDMA writes only (payloads, clear-to-sends), so a peer that learnt or guessed a key
+ * reads nothing; the flush's loopback QP reads our own memory. (rdma_cm sets iWARP QPs' own.) */
+#define QP_ACCESS_PEER  (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+#define QP_ACCESS_FLUSH (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ)
+/* Create an RC QP with those access flags and move it to INIT (GID mode). */
+int qp_create(struct erdma_device *dev, struct ibv_cq *cq, int sq_depth, int rq_depth, int access,
               struct qp_ctx *q);
 /* RTR + RTS towards (remote_qpn, remote_gid). */
 int qp_connect_gid(struct erdma_device *dev, struct qp_ctx *q, uint32_t remote_qpn,

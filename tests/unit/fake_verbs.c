@@ -69,6 +69,7 @@ struct fake_qp {
     struct ibv_qp qp;
     struct ibv_qp_cap cap;
     uint32_t dest_qpn;
+    int access; /* qp_access_flags: what a peer's RDMA may do to us through this QP */
     bool error;
     uint32_t posted, released; /* send-queue positions: WRs posted / freed by polled CQEs */
     struct fake_recv *rq;      /* cap.max_recv_wr entries */
@@ -373,6 +374,7 @@ static int f_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask) {
     struct fake_qp *q = (struct fake_qp *)qp;
     pthread_mutex_lock(&lock);
     if (mask & IBV_QP_DEST_QPN) q->dest_qpn = attr->dest_qp_num;
+    if (mask & IBV_QP_ACCESS_FLAGS) q->access = (int)attr->qp_access_flags;
     if (mask & IBV_QP_STATE) q->qp.state = attr->qp_state;
     pthread_mutex_unlock(&lock);
     return 0;
@@ -484,6 +486,16 @@ static enum ibv_wc_status exec_send_wr(struct fake_qp *q, struct ibv_send_wr *wr
     }
     if (peer->error) {
         st = IBV_WC_REM_OP_ERR;
+        goto out;
+    }
+    /* the responder's QP must allow the access, whatever the key (a NIC checks both) */
+    int need = wr->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ
+               : wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM
+                   ? IBV_ACCESS_REMOTE_WRITE
+                   : 0;
+    if ((peer->access & need) != need) {
+        st = IBV_WC_REM_ACCESS_ERR;
+        peer->error = true;
         goto out;
     }
     switch (wr->opcode) {

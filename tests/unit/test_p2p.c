@@ -11,6 +11,7 @@
 #include "conn.h"
 #include "device.h"
 #include "fake_verbs.h"
+#include "mr_cache.h"
 #include "net.h"
 #include "unit_log.h"
 
@@ -799,6 +800,52 @@ static void test_peer_key_reaches_only_its_window(void **state) {
     close_pair(&p);
 }
 
+/* One RDMA read by the peer's QP of len bytes at addr with key rkey, as a hostile peer that
+ * learnt or guessed a key can post it; returns the completion's status on the peer's side. */
+static enum ibv_wc_status peer_read(struct conn *from, uint64_t addr, uint32_t rkey, uint32_t len) {
+    static uint8_t bytes[512];
+    assert_true(len <= sizeof(bytes));
+    struct ibv_mr *mr = vb.reg_mr(from->base.dev->pd, bytes, sizeof(bytes), IBV_ACCESS_LOCAL_WRITE);
+    assert_non_null(mr);
+    struct ibv_sge sge = {.addr = (uintptr_t)bytes, .length = len, .lkey = mr->lkey};
+    struct ibv_send_wr wr = {.sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_READ,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .wr.rdma = {.remote_addr = addr, .rkey = rkey}},
+                       *bad;
+    assert_int_equal(vb.post_send(from->qps[0].qp, &wr, &bad), 0);
+    struct ibv_wc wc;
+    int n = 0;
+    for (int i = 0; i < POLL_LIMIT && n == 0; i++)
+        n = vb.poll_cq(from->cq, 1, &wc);
+    assert_int_equal(n, 1);
+    vb.dereg_mr(mr);
+    return wc.status;
+}
+
+/* A peer reads nothing of ours, whatever key it holds: as in net_ib, the QPs of a connection
+ * allow only RDMA writes (the payloads, the clear-to-sends); only the flush's loopback QP,
+ * which reads our own memory, allows reads. Every QP allowed them, and a registered buffer
+ * (registered for reads: the flush needs it) could be read by a peer that guessed its key. */
+static void test_peer_reads_nothing(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    static char sbuf[256], rbuf[256];
+    struct erdma_mr *smh = reg(p.sc, sbuf, sizeof(sbuf)), *rmh = reg(p.rc, rbuf, sizeof(rbuf));
+    assert_int_equal(peer_read(&p.rc->c, (uintptr_t)sbuf, smh->rkey, 64), IBV_WC_REM_ACCESS_ERR);
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    close_pair(&p); /* a refused access breaks the connection: one case a pair */
+    connect_pair(&p, 0, 0);
+    smh = reg(p.sc, sbuf, sizeof(sbuf));
+    rmh = reg(p.rc, rbuf, sizeof(rbuf));
+    assert_int_equal(peer_read(&p.sc->c, (uintptr_t)rbuf, rmh->rkey, 64), IBV_WC_REM_ACCESS_ERR);
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    close_pair(&p);
+}
+
 /* The peer may rewrite a clear-to-send's size while isend reads it: the size it truncates
  * to must be the one it checked, never more than the caller's. A thread plays the peer,
  * flipping the size between 16 (truncate) and 4096 (larger than the send); a second read
@@ -1255,6 +1302,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_peer_fifo_fields, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_key_reaches_only_its_window, setup_one,
                                         teardown_env),
+        cmocka_unit_test_setup_teardown(test_peer_reads_nothing, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_peer_rewrites_fifo_size, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_split_and_flush, setup_split, teardown_env),
         cmocka_unit_test_setup_teardown(test_dmabuf_device_flushes, setup_one, teardown_env),
