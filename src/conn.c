@@ -640,6 +640,13 @@ int erdma_connect(int dev_index, int traffic_class, void *handle, void **send_co
     return 0;
 }
 
+bool erdma_connects_pending(void) {
+    pthread_mutex_lock(&connect_lock);
+    bool any = connect_states != NULL;
+    pthread_mutex_unlock(&connect_lock);
+    return any;
+}
+
 void erdma_connect_sweep(void) {
     pthread_mutex_lock(&connect_lock);
     struct connect_state *st = connect_states;

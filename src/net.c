@@ -209,11 +209,12 @@ __attribute__((destructor)) static void erdma_unload(void) {
     if (erdma_forked || getpid() != __atomic_load_n(&init_pid, __ATOMIC_ACQUIRE)) return;
     pthread_mutex_lock(&init_lock);
     if (init_refs > 0 || release_deferred) {
-        if (__atomic_load_n(&open_objects, __ATOMIC_ACQUIRE) > 0)
-            /* Comms still open: this is an exit without a finalize (NCCL dlcloses only after
-             * its comms are closed), and NCCL's proxy threads may still be in isend or test.
-             * The devices and the verbs library stay for them (the kernel reclaims them);
-             * our threads stop. Released, a busy data path crashed the exit (SIGSEGV). */
+        if (__atomic_load_n(&open_objects, __ATOMIC_ACQUIRE) > 0 || erdma_connects_pending())
+            /* Comms still open, or a connect under way: this is an exit without a finalize
+             * (NCCL dlcloses only after its comms are closed), and NCCL's proxy threads may
+             * still be in isend, test or connect. The devices and the verbs library stay for
+             * them (the kernel reclaims them); our threads stop. Released, a busy data path or
+             * a connecting thread crashed the exit (SIGSEGV). */
             stop_threads();
         else
             release_all();

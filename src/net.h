@@ -40,6 +40,9 @@ int erdma_listen(int dev, void *handle, void **listen_comm);
 int erdma_connect(int dev, int traffic_class, void *handle, void **send_comm);
 /* Frees the connects NCCL started and never finished (an abort): at the last finalize. */
 void erdma_connect_sweep(void);
+/* Whether a connect is under way (begun, neither finished nor failed): not an open object,
+ * but a thread may be in it. */
+bool erdma_connects_pending(void);
 int erdma_accept(void *listen_comm, void **recv_comm);
 int erdma_close_send(void *send_comm);
 int erdma_close_recv(void *recv_comm);
