@@ -12,9 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Deeper than any topology NCCL writes (system/cpu/pci/.../gpu: under 16): each level is a
+ * recursive call, here and in every walk of the tree, so a hostile file must not go deeper. */
+#define XML_MAX_DEPTH 32
+
 struct parser {
     const char *p;
     int line;
+    int depth;
     char *err;
     size_t errlen;
 };
@@ -168,6 +173,8 @@ static int parse_element(struct parser *ps, struct xml_node *parent, struct xml_
         return fail(ps, "declarations are not accepted by NCCL's parser; start with the element");
     int rc = read_name(ps, name, "element");
     if (rc) return rc;
+    if (ps->depth == XML_MAX_DEPTH)
+        return fail(ps, "<%s> is nested deeper than %d levels", name, XML_MAX_DEPTH);
     if (parent && parent->nsubs == XML_MAX_SUBS)
         return fail(ps, "<%s> has more than %d children", parent->name, XML_MAX_SUBS);
     struct xml_node *node = xml_add(parent, name);
@@ -202,7 +209,9 @@ static int parse_element(struct parser *ps, struct xml_node *parent, struct xml_
             ps->p++;
             return 0;
         }
+        ps->depth++;
         rc = parse_element(ps, node, NULL);
+        ps->depth--;
         if (rc) return rc;
     }
 }

@@ -67,6 +67,26 @@ static void expect_reject(const char *text, const char *why) {
     assert_non_null(strstr(err, why));
 }
 
+/* A file nested deeper than any topology (a hostile or broken graph in NCCL_ERDMA_TOPO_DIR,
+ * or one given to nccl-erdma-topo check) is refused: each level was a recursive call, and
+ * 20,000 levels (140 KB) overflowed the stack (SIGSEGV). 32 levels still parse. */
+static void test_xml_deep_nesting_refused(void **state) {
+    enum { DEEP = 20000 };
+    char *text = malloc(DEEP * 7 + 1), *p = text;
+    for (int i = 0; i < DEEP; i++)
+        p += sprintf(p, "<a>");
+    for (int i = 0; i < DEEP; i++)
+        p += sprintf(p, "</a>");
+    expect_reject(text, "nested deeper than 32 levels");
+    p = text;
+    for (int i = 0; i < 32; i++)
+        p += sprintf(p, "<a>");
+    for (int i = 0; i < 32; i++)
+        p += sprintf(p, "</a>");
+    xml_free(parse(text));
+    free(text);
+}
+
 static void test_xml_accepts_nccl_subset(void **state) {
     struct xml_node *r = parse("<!-- c -->\n<a x=\"1\" y='two'>\n  <b/>\n  <!-- c2 -->\n"
                                "  <c z=\"\"></c>\n</a>\n");
@@ -772,6 +792,7 @@ int main(void) {
 
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xml_accepts_nccl_subset),
+        cmocka_unit_test(test_xml_deep_nesting_refused),
         cmocka_unit_test(test_xml_rejects_what_nccl_misreads),
         cmocka_unit_test(test_xml_write_round_trip),
         cmocka_unit_test(test_scan_family_node),
