@@ -481,10 +481,46 @@ static int graph_file_fits(const struct topo_node *node, const char *path, char 
     return rc ? -ENOENT : 0;
 }
 
+/* The GPUs this process can use, where it can tell (-1: it cannot), and how it knows. A pod
+ * given some of the node's GPUs sees all of them in sysfs, but only its own device nodes (and
+ * perhaps a CUDA_VISIBLE_DEVICES); NCCL numbers the GPUs it sees 0..n-1, and a graph names the
+ * node's. */
+static int visible_gpus(int ngpus, char *how, size_t hlen) {
+    if (param_is_set(P_CUDA_VISIBLE_DEVICES)) {
+        const char *v = param_str(P_CUDA_VISIBLE_DEVICES);
+        int n = 0;
+        for (const char *p = v; *p; p += strcspn(p, ","), p += *p == ',')
+            n += strcspn(p, ",") > 0;
+        snprintf(how, hlen, "CUDA_VISIBLE_DEVICES=%s", v);
+        if (n < ngpus) return n;
+    }
+    char dev[PATH_MAX];
+    snprintf(dev, sizeof(dev), "%s/dev", sysfs_root());
+    DIR *d = opendir(dev);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) { /* nvidia0, nvidia1...: not nvidiactl, -uvm */
+        const char *num = e->d_name + 6;
+        n += !strncmp(e->d_name, "nvidia", 6) && *num && strspn(num, "0123456789") == strlen(num);
+    }
+    closedir(d);
+    snprintf(how, hlen, "%d /dev/nvidiaN device nodes", n);
+    return n ? n : -1;
+}
+
 int topo_graph_select(const struct topo_node *node, const struct topo_plugin_view *plugin,
                       const char *dir, char *path, size_t plen, char *why, size_t wlen) {
     if (!topo_node_has_family_shape(node, why, wlen) || !layout_fits(node, why, wlen))
         return -ENOENT;
+    char how[256];
+    int seen = visible_gpus(node->ngpus, how, sizeof(how));
+    if (seen >= 0 && seen < node->ngpus) {
+        snprintf(why, wlen,
+                 "this process sees %d of the node's %d GPUs (%s): NCCL numbers them from 0, "
+                 "the graphs name all %d",
+                 seen, node->ngpus, how, node->ngpus);
+        return -ENOENT;
+    }
     const char *cpu = topo_cpu_kind(why, wlen);
     if (!cpu) return -ENOENT;
     if (plugin->net_version == 8) {

@@ -56,9 +56,11 @@ static void test_names(void **state) {
     assert_string_equal(param_name(P_ERDMA_PORT_SPEED), "NCCL_ERDMA_PORT_SPEED");
     for (int id = 0; id < PARAM_COUNT; id++) {
         assert_non_null(param_name(id));
-        /* NCCL's namespace, or ERDMA_LOG (the command-line tools' switch, no NCCL there) */
+        /* NCCL's namespace, ERDMA_LOG (the command-line tools' switch, no NCCL there), or
+         * CUDA's list of the GPUs the process sees (read by the graph selection) */
         assert_true(strncmp(param_name(id), "NCCL_", 5) == 0 ||
-                    strcmp(param_name(id), "ERDMA_LOG") == 0);
+                    strcmp(param_name(id), "ERDMA_LOG") == 0 ||
+                    strcmp(param_name(id), "CUDA_VISIBLE_DEVICES") == 0);
         for (int j = 0; j < id; j++) /* each variable once */
             assert_string_not_equal(param_name(id), param_name(j));
     }

@@ -520,6 +520,7 @@ static int select_setup(void **state) {
     unsetenv("NCCL_CROSS_NIC");
     unsetenv("NCCL_ERDMA_TOPO");
     unsetenv("NCCL_ERDMA_INSTANCE_TYPE");
+    unsetenv("CUDA_VISIBLE_DEVICES");
     setenv("NCCL_ERDMA_TOPO_DIR", shipped, 1);
     log_text[0] = 0;
     info_lines = 0;
@@ -535,6 +536,7 @@ static int select_teardown(void **state) {
     unsetenv("NCCL_ERDMA_TOPO_DIR");
     unsetenv("NCCL_ERDMA_TOPO");
     unsetenv("NCCL_ERDMA_INSTANCE_TYPE");
+    unsetenv("CUDA_VISIBLE_DEVICES");
     params_load();
     return 0;
 }
@@ -590,6 +592,45 @@ static void test_select_graph_mode(void **state) {
     assert_int_equal(run_select("other_bus"), 1);
     assert_string_equal(getenv("NCCL_GRAPH_FILE"), want);
     unsetenv("NCCL_GRAPH_FILE");
+}
+
+/* A pod given some of the node's GPUs sees all eight in sysfs, but only its own device nodes
+ * (and perhaps CUDA_VISIBLE_DEVICES): NCCL numbers the GPUs it sees 0..n-1, so the graph's gpu
+ * dev 4 names none, and NCCL's init failed ("dev 4 not found"). The graph is not set. */
+static void test_select_graph_mode_needs_every_gpu(void **state) {
+    plugin_both_nics();
+    setenv("NCCL_ERDMA_TOPO", "graph", 1);
+    setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3", 1);
+    assert_int_equal(run_select("ebmgn9g"), 0);
+    expect_left_alone("this process sees 4 of the node's 8 GPUs (CUDA_VISIBLE_DEVICES=0,1,2,3)");
+    setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7", 1);
+    assert_int_equal(run_select("ebmgn9g"), 1);
+    unsetenv("NCCL_GRAPH_FILE");
+    unsetenv("CUDA_VISIBLE_DEVICES");
+
+    /* the pod's /dev holds nvidia0..3 only: a copy of the fixture with those device nodes */
+    char tmp[] = "/tmp/topo-devXXXXXX", cmd[PATH_MAX * 3], real[PATH_MAX];
+    assert_non_null(mkdtemp(tmp));
+    snprintf(cmd, sizeof(cmd),
+             "cp -a %s/ebmgn9g/. %s/ && mkdir %s/dev && touch %s/dev/nvidiactl %s/dev/nvidia0 "
+             "%s/dev/nvidia1 %s/dev/nvidia2 %s/dev/nvidia3 %s/dev/nvidia-uvm",
+             fixtures, tmp, tmp, tmp, tmp, tmp, tmp, tmp, tmp);
+    assert_int_equal(system(cmd), 0);
+    assert_non_null(realpath(tmp, real));
+    sysfs_set_root(real);
+    assert_int_equal(topo_scan(&node), 0);
+    params_load();
+    log_text[0] = 0;
+    assert_int_equal(topo_autoselect(&view), 0);
+    expect_left_alone("this process sees 4 of the node's 8 GPUs (4 /dev/nvidiaN device nodes)");
+    setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7", 1); /* says more than the pod has */
+    params_load();
+    log_text[0] = 0;
+    assert_int_equal(topo_autoselect(&view), 0);
+    expect_left_alone("this process sees 4 of the node's 8 GPUs (4 /dev/nvidiaN device nodes)");
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmp);
+    assert_int_equal(system(cmd), 0);
 }
 
 /* An empty NCCL_GRAPH_FILE is unset to the plugin (params.c, as every parameter) and would make
@@ -811,6 +852,7 @@ int main(void) {
         SELECT(test_select_by_shape),
         SELECT(test_select_graph_mode),
         SELECT(test_select_graph_mode_empty_file),
+        SELECT(test_select_graph_mode_needs_every_gpu),
         SELECT(test_select_graph_refused),
         SELECT(test_select_auto_never_sets),
         SELECT(test_select_unknown_instance_type),
