@@ -32,6 +32,26 @@ tree() { # the options that point every input at fixture tree $1
 }
 
 case ${1:-} in
+plugin)
+    # the loader's view: LD_LIBRARY_PATH first, then its cache (ldconfig -p, from --ldconfig)
+    libdir=$(mktemp -d) ld=$(mktemp)
+    touch "$libdir/libnccl-net-erdma.so"
+    printf '\tlibibverbs.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libibverbs.so.1\n\tlibrdmacm.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/librdmacm.so.1\n' >"$ld"
+    export NCCL_NET_PLUGIN=erdma
+    LD_LIBRARY_PATH=/nonexistent:$libdir expect ok 0 "[OK  ] plugin: NCCL finds $libdir/libnccl-net-erdma.so" -- --only plugin --ldconfig "$ld" $(tree node-ok)
+    LD_LIBRARY_PATH= expect fail-not-found 1 "[FAIL] plugin: the loader does not find libnccl-net-erdma.so" -- --only plugin --ldconfig "$ld" $(tree node-ok)
+    printf '\tlibnccl-net-erdma.so (libc6,x86-64) => /usr/lib/libnccl-net-erdma.so\n' >>"$ld"
+    LD_LIBRARY_PATH= expect ok-cache 0 "[OK  ] plugin: NCCL finds /usr/lib/libnccl-net-erdma.so" -- --only plugin --ldconfig "$ld" $(tree node-ok)
+    LD_LIBRARY_PATH= expect fail-no-provider 1 "[FAIL] plugin provider: no erdma provider for libibverbs" -- --only plugin --ldconfig "$ld" $(tree node-fail)
+    LD_LIBRARY_PATH= expect ok-no-erdma-device 0 "[OK  ] plugin: NCCL finds" -- --only plugin --ldconfig "$ld" $(tree iwarp)
+    printf '\tlibnccl-net-erdma.so (libc6,x86-64) => /usr/lib/libnccl-net-erdma.so\n' >"$ld"
+    LD_LIBRARY_PATH= expect fail-no-verbs 1 "[FAIL] plugin libraries: libibverbs.so.1 librdmacm.so.1 not found by the loader" -- --only plugin --ldconfig "$ld" $(tree node-ok)
+    printf '\tlibibverbs.so.1 (libc6,x86-64) => /lib/libibverbs.so.1\n\tlibrdmacm.so.1 (libc6,x86-64) => /lib/librdmacm.so.1\n' >"$ld"
+    unset NCCL_NET_PLUGIN
+    LD_LIBRARY_PATH=$libdir expect warn-unset 0 "[WARN] plugin: NCCL_NET_PLUGIN is not set" -- --only plugin --ldconfig "$ld" $(tree node-ok)
+    NCCL_NET_PLUGIN=ib LD_LIBRARY_PATH=$libdir expect warn-other 0 "[WARN] plugin: NCCL_NET_PLUGIN=ib: NCCL loads that plugin" -- --only plugin --ldconfig "$ld" $(tree node-ok)
+    rm -rf "$libdir" "$ld"
+    ;;
 devices)
     expect ok 0 "[OK  ] devices: 2 port(s) ACTIVE: erdma_0:1 erdma_1:1" -- --only devices $(tree node-ok)
     expect warn 0 "[WARN] devices: ACTIVE: erdma_0:1; not active: erdma_1:1(DOWN)" -- --only devices $(tree node-warn)
@@ -134,16 +154,20 @@ topology)
     expect skip-summary 0 "WARNING: 1 check(s) SKIPPED: not verified" -- --only topology --topo-tool "$FX/absent"
     ;;
 json)
-    out=$("$DOCTOR" --json $(tree node-fail) --memlock unlimited --nccl-lib "$FX/node-fail/lib/libnccl.so.2" --topo-tool "$FX/topo-ok")
+    ld=$(mktemp)
+    printf '\t%s (libc6,x86-64) => /usr/lib/%s\n' libnccl-net-erdma.so libnccl-net-erdma.so \
+        libibverbs.so.1 libibverbs.so.1 librdmacm.so.1 librdmacm.so.1 >"$ld"
+    out=$(NCCL_NET_PLUGIN=erdma LD_LIBRARY_PATH= "$DOCTOR" --json $(tree node-fail) --memlock unlimited --ldconfig "$ld" --nccl-lib "$FX/node-fail/lib/libnccl.so.2" --topo-tool "$FX/topo-ok")
     rc=$?
+    rm -f "$ld"
     if [ $rc = 1 ] && python3 -c '
 import json, sys
 d = json.loads(sys.argv[1])
 assert d["tool"] == "nccl-erdma-doctor", d
 s = d["summary"]
-assert (s["ok"], s["warn"], s["fail"], s["skip"]) == (2, 0, 9, 0), s
+assert (s["ok"], s["warn"], s["fail"], s["skip"]) == (3, 0, 10, 0), s
 names = {c["check"] for c in d["checks"]}
-assert names == {"devices", "devnodes", "gid", "mtu", "memlock", "gpudirect", "acs", "nccl", "topology"}, names
+assert names == {"plugin", "devices", "devnodes", "gid", "mtu", "memlock", "gpudirect", "acs", "nccl", "topology"}, names
 for c in d["checks"]:
     assert c["status"] in ("OK", "WARN", "FAIL", "SKIP"), c
     assert c["status"] != "FAIL" or c["fix"], c
@@ -166,7 +190,7 @@ sync)
     fi
     ;;
 *)
-    echo "usage: $0 devices|devnodes|gid|mtu|memlock|gpudirect|acs|nccl|topology|json|sync" >&2
+    echo "usage: $0 plugin|devices|devnodes|gid|mtu|memlock|gpudirect|acs|nccl|topology|json|sync" >&2
     exit 2
     ;;
 esac

@@ -27,6 +27,9 @@ check mtu-eth0 "[FAIL] mtu eth0: MTU 1500 (device rxe0)" "$out"
 check mtu-eth1-by-mac "[FAIL] mtu eth1: MTU 1500 (device siw0)" "$out"
 check memlock "[OK  ] memlock: locked-memory limit is unlimited" "$out"
 check acs-virtual "[WARN] acs: no PCI GPU or RDMA NIC found" "$out"
+out=$(NCCL_NET_PLUGIN=erdma LD_LIBRARY_PATH=$(dirname "$ERDMA_PLUGIN") "$DOCTOR" --only plugin 2>&1); rc=$?
+check plugin-found "[OK  ] plugin: NCCL finds $ERDMA_PLUGIN" "$out"
+check plugin-libraries-found "rc=0" "rc=$rc"
 json=$("$DOCTOR" --json --only devices,gid 2>&1)
 check json "$(printf '{"check":"gid","subject":"siw0","status":"OK"')" "$json"
 
