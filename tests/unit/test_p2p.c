@@ -748,9 +748,10 @@ static void test_peer_fifo_fields(void **state) {
 
 /* ---- what the peer's key reaches ---- */
 
-/* One RDMA write by the peer's QP with the key we gave it, as a hostile peer can post it;
- * returns the completion's status on the peer's side. */
-static enum ibv_wc_status peer_write(struct conn *from, uint64_t offset, uint32_t len) {
+/* One RDMA write or read (op) of len bytes at addr with key rkey by the peer's QP, as a
+ * hostile peer can post it; returns the completion's status on the peer's side. */
+static enum ibv_wc_status peer_rdma(struct conn *from, enum ibv_wr_opcode op, uint64_t addr,
+                                    uint32_t rkey, uint32_t len) {
     static uint8_t bytes[512];
     assert_true(len <= sizeof(bytes));
     memset(bytes, 0xC8, sizeof(bytes)); /* a buffer count of 200 where it lands on one */
@@ -759,10 +760,9 @@ static enum ibv_wc_status peer_write(struct conn *from, uint64_t offset, uint32_
     struct ibv_sge sge = {.addr = (uintptr_t)bytes, .length = len, .lkey = mr->lkey};
     struct ibv_send_wr wr = {.sg_list = &sge,
                              .num_sge = 1,
-                             .opcode = IBV_WR_RDMA_WRITE,
+                             .opcode = op,
                              .send_flags = IBV_SEND_SIGNALED,
-                             .wr.rdma = {.remote_addr = from->remote_ctrl_addr + offset,
-                                         .rkey = from->remote_ctrl_rkey}},
+                             .wr.rdma = {.remote_addr = addr, .rkey = rkey}},
                        *bad;
     assert_int_equal(vb.post_send(from->qps[0].qp, &wr, &bad), 0);
     struct ibv_wc wc;
@@ -772,6 +772,12 @@ static enum ibv_wc_status peer_write(struct conn *from, uint64_t offset, uint32_
     assert_int_equal(n, 1);
     vb.dereg_mr(mr);
     return wc.status;
+}
+
+/* A write with the key we gave the peer, at offset in our control region. */
+static enum ibv_wc_status peer_write(struct conn *from, uint64_t offset, uint32_t len) {
+    return peer_rdma(from, IBV_WR_RDMA_WRITE, from->remote_ctrl_addr + offset,
+                     from->remote_ctrl_rkey, len);
 }
 
 /* Each end's key reaches only what the peer writes (the sender's FIFO, the receiver's record
@@ -800,30 +806,6 @@ static void test_peer_key_reaches_only_its_window(void **state) {
     close_pair(&p);
 }
 
-/* One RDMA read by the peer's QP of len bytes at addr with key rkey, as a hostile peer that
- * learnt or guessed a key can post it; returns the completion's status on the peer's side. */
-static enum ibv_wc_status peer_read(struct conn *from, uint64_t addr, uint32_t rkey, uint32_t len) {
-    static uint8_t bytes[512];
-    assert_true(len <= sizeof(bytes));
-    struct ibv_mr *mr = vb.reg_mr(from->base.dev->pd, bytes, sizeof(bytes), IBV_ACCESS_LOCAL_WRITE);
-    assert_non_null(mr);
-    struct ibv_sge sge = {.addr = (uintptr_t)bytes, .length = len, .lkey = mr->lkey};
-    struct ibv_send_wr wr = {.sg_list = &sge,
-                             .num_sge = 1,
-                             .opcode = IBV_WR_RDMA_READ,
-                             .send_flags = IBV_SEND_SIGNALED,
-                             .wr.rdma = {.remote_addr = addr, .rkey = rkey}},
-                       *bad;
-    assert_int_equal(vb.post_send(from->qps[0].qp, &wr, &bad), 0);
-    struct ibv_wc wc;
-    int n = 0;
-    for (int i = 0; i < POLL_LIMIT && n == 0; i++)
-        n = vb.poll_cq(from->cq, 1, &wc);
-    assert_int_equal(n, 1);
-    vb.dereg_mr(mr);
-    return wc.status;
-}
-
 /* A peer reads nothing of ours, whatever key it holds: as in net_ib, the QPs of a connection
  * allow only RDMA writes (the payloads, the clear-to-sends); only the flush's loopback QP,
  * which reads our own memory, allows reads. Every QP allowed them, and a registered buffer
@@ -833,14 +815,16 @@ static void test_peer_reads_nothing(void **state) {
     connect_pair(&p, 0, 0);
     static char sbuf[256], rbuf[256];
     struct erdma_mr *smh = reg(p.sc, sbuf, sizeof(sbuf)), *rmh = reg(p.rc, rbuf, sizeof(rbuf));
-    assert_int_equal(peer_read(&p.rc->c, (uintptr_t)sbuf, smh->rkey, 64), IBV_WC_REM_ACCESS_ERR);
+    assert_int_equal(peer_rdma(&p.rc->c, IBV_WR_RDMA_READ, (uintptr_t)sbuf, smh->rkey, 64),
+                     IBV_WC_REM_ACCESS_ERR);
     erdma_dereg_mr(p.sc, smh);
     erdma_dereg_mr(p.rc, rmh);
     close_pair(&p); /* a refused access breaks the connection: one case a pair */
     connect_pair(&p, 0, 0);
     smh = reg(p.sc, sbuf, sizeof(sbuf));
     rmh = reg(p.rc, rbuf, sizeof(rbuf));
-    assert_int_equal(peer_read(&p.sc->c, (uintptr_t)rbuf, rmh->rkey, 64), IBV_WC_REM_ACCESS_ERR);
+    assert_int_equal(peer_rdma(&p.sc->c, IBV_WR_RDMA_READ, (uintptr_t)rbuf, rmh->rkey, 64),
+                     IBV_WC_REM_ACCESS_ERR);
     erdma_dereg_mr(p.sc, smh);
     erdma_dereg_mr(p.rc, rmh);
     close_pair(&p);
