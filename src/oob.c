@@ -191,5 +191,10 @@ int oob_peer_hung_up(int fd) {
      * releases the comm, which says goodbye and closes): peeked, it would hide the end behind
      * it for ever. No message starts with that byte (conn.c asserts it). */
     int ret = oob_peer_alive(fd);
-    return (ret < 0 && ret != -EPROTO) || ret == OOB_PEER_CLOSING ? -ECONNRESET : 0;
+    if ((ret < 0 && ret != -EPROTO) || ret == OOB_PEER_CLOSING) return -ECONNRESET;
+    if (ret != -EPROTO) return 0;
+    /* A byte waits, early or stray: the peer is still there unless it also shut its end,
+     * which such a byte would otherwise hide until the connect timeout. */
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) ? -ECONNRESET : 0;
 }

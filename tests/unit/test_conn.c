@@ -104,6 +104,36 @@ static void test_hung_up_after_goodbye(void **state) {
     close(sv[0]);
 }
 
+/* A byte that is not the next message (or the start of one) must not hide an end behind it
+ * either: a peer that wrote one stray byte and closed was seen as still there, and the
+ * survivor waited out the connect timeout (120 s). Over TCP, as the handshake runs. */
+static void test_hung_up_behind_a_stray_byte(void **state) {
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &len), 0);
+    int peer = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(peer, (struct sockaddr *)&a, sizeof(a)), 0);
+    int fd = accept(lfd, NULL, NULL);
+    assert_true(fd >= 0);
+    assert_int_equal(write(peer, "A", 1), 1);
+    uint64_t until = now_ns() + 5000000000ull;
+    while (!oob_peer_alive(fd) && now_ns() < until) /* the byte has arrived */
+        usleep(1000);
+    assert_int_equal(oob_peer_hung_up(fd), 0); /* early, or a stray: the peer is there */
+    close(peer);
+    int rc = 0;
+    while (!rc && now_ns() < until) { /* its end follows the byte */
+        rc = oob_peer_hung_up(fd);
+        usleep(1000);
+    }
+    assert_int_equal(rc, -ECONNRESET);
+    close(fd);
+    close(lfd);
+}
+
 static void test_partial_io(void **state) {
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
@@ -664,6 +694,7 @@ int main(void) {
         cmocka_unit_test(test_peer_alive),
         cmocka_unit_test_setup_teardown(test_close_says_goodbye, setup, teardown),
         cmocka_unit_test(test_hung_up_after_goodbye),
+        cmocka_unit_test(test_hung_up_behind_a_stray_byte),
         cmocka_unit_test(test_partial_io),
         cmocka_unit_test_setup_teardown(test_connect_accept_and_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_handles, setup, teardown),
