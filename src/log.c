@@ -3,9 +3,11 @@
 #include "params.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static ncclDebugLogger_t nccl_logger;
 
@@ -17,8 +19,14 @@ void erdma_log_set(ncclDebugLogger_t logger) {
 static int stderr_wants(ncclDebugLogLevel level) {
     if (level <= NCCL_LOG_WARN) return 1; /* before the parameters: params_load WARNs */
     const char *env = param_str(P_ERDMA_LOG);
-    if (level == NCCL_LOG_INFO) return !strcmp(env, "info") || !strcmp(env, "trace");
-    return !strcmp(env, "trace");
+    bool trace = !strcasecmp(env, "trace"), info = trace || !strcasecmp(env, "info");
+    static int said;
+    if (!info && env[0] && !__atomic_exchange_n(&said, 1, __ATOMIC_ACQ_REL))
+        fprintf(stderr,
+                "WARN NET/eRDMA : ERDMA_LOG=\"%s\" is neither info nor trace: only WARN "
+                "lines are printed\n",
+                env);
+    return level == NCCL_LOG_INFO ? info : trace;
 }
 
 void erdma_log(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,

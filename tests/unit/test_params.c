@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -303,6 +304,46 @@ static void test_ib_disable_any_nonzero(void **state) {
     assert_true(param_int(P_IB_DISABLE) != 0);
 }
 
+/* What erdma_log prints to stderr (no NCCL logger: the command-line tools) for one INFO line
+ * under the current ERDMA_LOG, into out. */
+static void stderr_of_info(char *out, size_t len) {
+    int pipefd[2], saved = dup(2);
+    assert_int_equal(pipe(pipefd), 0);
+    fflush(stderr);
+    dup2(pipefd[1], 2);
+    erdma_log_set(NULL);
+    INFO(NCCL_INIT, "one info line");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(pipefd[1]);
+    ssize_t n = read(pipefd[0], out, len - 1);
+    out[n > 0 ? n : 0] = 0;
+    close(pipefd[0]);
+    erdma_log_set(unit_log_sink);
+}
+
+/* ERDMA_LOG is matched as users type it (INFO printed nothing), and a value it does not know
+ * is said once, on stderr, where the tool's user looks. */
+static void test_erdma_log_values(void **state) {
+    char out[1024];
+    setenv("ERDMA_LOG", "INFO", 1);
+    params_load();
+    stderr_of_info(out, sizeof(out));
+    assert_non_null(strstr(out, "INFO NET/eRDMA : one info line"));
+    setenv("ERDMA_LOG", "Trace", 1);
+    params_load();
+    stderr_of_info(out, sizeof(out));
+    assert_non_null(strstr(out, "one info line"));
+    setenv("ERDMA_LOG", "verbose", 1);
+    params_load();
+    stderr_of_info(out, sizeof(out));
+    assert_null(strstr(out, "one info line"));
+    assert_non_null(strstr(out, "ERDMA_LOG=\"verbose\" is neither info nor trace"));
+    stderr_of_info(out, sizeof(out));
+    assert_null(strstr(out, "ERDMA_LOG")); /* once */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
@@ -320,6 +361,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_traffic_class_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_net_ib_unset_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ib_disable_any_nonzero, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_erdma_log_values, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
