@@ -77,6 +77,18 @@ static void warn_reg_failure(struct mr_cache *c, void *data, size_t size, int ty
          strerror(err), lim, hint);
 }
 
+/* The entry of this type that covers [base, end), its reference taken; NULL if none. Under
+ * c->lock. */
+static struct erdma_mr *cache_find(struct mr_cache *c, uintptr_t base, uintptr_t end, int type) {
+    for (struct erdma_mr *m = c->head; m; m = m->next) {
+        if (m->type == type && m->base <= base && m->base + m->len >= end) {
+            m->refs++;
+            return m;
+        }
+    }
+    return NULL;
+}
+
 int mr_cache_get(struct mr_cache *c, void *data, size_t size, int type, struct erdma_mr **out) {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     if (!data) {
@@ -95,27 +107,32 @@ int mr_cache_get(struct mr_cache *c, void *data, size_t size, int type, struct e
     uintptr_t end = ((uintptr_t)data + (size ? size : 1) + page - 1) & ~(page - 1);
 
     pthread_mutex_lock(&c->lock);
-    for (struct erdma_mr *m = c->head; m; m = m->next) {
-        if (m->type == type && m->base <= base && m->base + m->len >= end) {
-            m->refs++;
-            *out = m;
-            pthread_mutex_unlock(&c->lock);
-            return 0;
-        }
+    struct erdma_mr *hit = cache_find(c, base, end, type);
+    pthread_mutex_unlock(&c->lock);
+    if (hit) {
+        *out = hit;
+        return 0;
     }
     struct erdma_mr *m = calloc(1, sizeof(*m));
-    if (!m) {
-        pthread_mutex_unlock(&c->lock);
-        return -ENOMEM;
-    }
+    if (!m) return -ENOMEM;
+    /* Outside the lock: pinning a large buffer takes long, and every registration on the
+     * device would wait behind it. */
     errno = 0;
     m->mr = vb.reg_mr(c->dev->pd, (void *)base, end - base, MR_ACCESS);
     if (!m->mr) {
         int err = errno ? errno : ENOMEM;
-        pthread_mutex_unlock(&c->lock);
         free(m);
         warn_reg_failure(c, data, size, type, err);
         return -err;
+    }
+    pthread_mutex_lock(&c->lock);
+    hit = cache_find(c, base, end, type); /* another thread registered it meanwhile */
+    if (hit) {
+        pthread_mutex_unlock(&c->lock);
+        vb.dereg_mr(m->mr);
+        free(m);
+        *out = hit;
+        return 0;
     }
     m->lkey = m->mr->lkey;
     m->rkey = m->mr->rkey;

@@ -82,6 +82,10 @@ unsigned fake_async_acked(void);
 /* Makes device dev's async fd poll as failed for good (POLLHUP here; a removed device's
  * uverbs fd reports POLLERR), as when the device goes away. */
 void fake_async_channel_fails(int dev);
+/* The next reg_mr of addr waits until fake_reg_mr_gate(NULL) opens the gate (a registration
+ * that pins a large buffer holds its caller); whether one is waiting there now. */
+void fake_reg_mr_gate(const void *addr);
+bool fake_reg_mr_gate_waiting(void);
 /* Next post_send on any QP fails with this errno (0: none). */
 void fake_fail_next_post(int err);
 

@@ -12,6 +12,7 @@
 #include "unit_log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -63,6 +64,64 @@ static void test_subrange_shares_one_registration(void **state) {
     mr_cache_put(d);
     assert_int_equal(mr_cache_count(cache), 0);
     free(buf);
+}
+
+struct reg_job {
+    void *buf;
+    size_t len;
+    struct erdma_mr *mr;
+    int rc;
+    volatile bool done;
+};
+
+static void *reg_main(void *arg) {
+    struct reg_job *j = arg;
+    j->rc = mr_cache_get(cache, j->buf, j->len, NCCL_PTR_HOST, &j->mr);
+    j->done = true;
+    return NULL;
+}
+
+/* Waits (bounded: a hang fails, it does not stall the suite) until done is set. */
+static bool wait_done(volatile bool *done) {
+    for (int i = 0; i < 5000 && !*done; i++)
+        usleep(1000);
+    return *done;
+}
+
+/* A registration that takes long (pinning a large buffer) holds only its caller: the cache's
+ * lock was held across it, and every regMr and deregMr on the device, from every comm and
+ * thread, waited behind it. Two threads that register the same range at once both pin it, and
+ * the one that finishes second takes the other's entry and releases its own. */
+static void test_slow_registration_holds_only_its_caller(void **state) {
+    char *slow = aligned_alloc(4096, 4096), *quick = aligned_alloc(4096, 4096);
+    struct reg_job a = {.buf = slow, .len = 4096}, b = {.buf = quick, .len = 4096};
+    pthread_t ta, tb;
+    fake_reg_mr_gate(slow);
+    assert_int_equal(pthread_create(&ta, NULL, reg_main, &a), 0);
+    for (int i = 0; i < 5000 && !fake_reg_mr_gate_waiting(); i++)
+        usleep(1000);
+    assert_true(fake_reg_mr_gate_waiting());
+    assert_int_equal(pthread_create(&tb, NULL, reg_main, &b), 0);
+    bool quick_done = wait_done(&b.done); /* while a's registration is still held */
+    struct reg_job c = {.buf = slow, .len = 4096};
+    bool same_done = quick_done && (reg_main(&c), c.done); /* the same range, meanwhile */
+    fake_reg_mr_gate(NULL);
+    assert_int_equal(pthread_join(ta, NULL), 0);
+    assert_int_equal(pthread_join(tb, NULL), 0);
+    assert_true(quick_done);
+    assert_true(same_done);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(b.rc, 0);
+    assert_int_equal(c.rc, 0);
+    assert_ptr_equal(a.mr, c.mr); /* one entry for the range */
+    assert_int_equal(a.mr->refs, 2);
+    assert_int_equal(mr_cache_count(cache), 2);
+    mr_cache_put(a.mr);
+    mr_cache_put(b.mr);
+    mr_cache_put(c.mr);
+    assert_int_equal(mr_cache_count(cache), 0);
+    free(slow);
+    free(quick);
 }
 
 static void test_zero_length_and_unaligned(void **state) {
@@ -183,6 +242,8 @@ static void test_dmabuf_only_device(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_subrange_shares_one_registration, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_slow_registration_holds_only_its_caller, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_zero_length_and_unaligned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors_are_named, setup, teardown),
         cmocka_unit_test_setup_teardown(test_last_page_is_refused, setup, teardown),
