@@ -43,6 +43,9 @@
 #   RDMA_VM_MEM      guest RAM (default 2G)
 #   RDMA_VM_SMP      guest vCPUs (default 2; 1 makes ping-pong latency ~4 ms)
 #   RDMA_VM_TIMEOUT  hard wall-clock limit for the VM in seconds (default 3000)
+#   RDMA_VM_BOOT_TIMEOUT  limit in seconds for the guest to boot and reach the
+#                    command (default 300; a boot takes ~5 s): past it the VM is
+#                    stopped, its console printed, and the exit status is 125
 #   RDMA_VM_RW_DIRS  ':'-separated host dirs shared read-write (default $PWD;
 #                    "none" for none)
 #   RDMA_VM_SIW_NETDEV  eth1 (default) or eth0 (same NIC as rxe0, see above)
@@ -73,6 +76,8 @@ CACHE=${RDMA_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdma-vm}
 MEM=${RDMA_VM_MEM:-2G}
 SMP=${RDMA_VM_SMP:-2}
 VM_TIMEOUT=${RDMA_VM_TIMEOUT:-3000}
+BOOT_TIMEOUT=${RDMA_VM_BOOT_TIMEOUT:-300}
+case $BOOT_TIMEOUT in ''|*[!0-9]*|0) die "RDMA_VM_BOOT_TIMEOUT=$BOOT_TIMEOUT: give whole seconds, at least 1" ;; esac
 CPU=${RDMA_VM_CPU:-max}
 SIW_NETDEV=${RDMA_VM_SIW_NETDEV:-eth1}
 NO_SIW=${RDMA_VM_NO_SIW:-0}
@@ -335,10 +340,10 @@ KERNEL=$KDIR/vmlinuz; [ -f "$KDIR/vmlinux" ] && KERNEL=$KDIR/vmlinux
 [ "$NO_SIW" != 1 ] && ! grep -qx siw "$KDIR/modules.txt" && say "warning: no siw module in the cache"
 
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/rdma-vm-run.XXXXXX")
-QPID='' CAT1='' CAT2='' CONSOLE_TAIL=''
+QPID='' CAT1='' CAT2='' CONSOLE_TAIL='' WATCH=''
 cleanup() {
   local p
-  for p in $QPID $CAT1 $CAT2 $CONSOLE_TAIL; do kill "$p" 2>/dev/null || true; done
+  for p in $QPID $CAT1 $CAT2 $CONSOLE_TAIL $WATCH; do kill "$p" 2>/dev/null || true; done
   rm -rf "$RUN"
 }
 trap cleanup EXIT
@@ -424,7 +429,21 @@ T_QEMU=$(date +%s.%N)
 set +e
 timeout -k 10 "$VM_TIMEOUT" qemu-system-x86_64 "${QEMU_ARGS[@]}" </dev/null 2> "$RUN/qemu.err" &
 QPID=$!
+# Boot watchdog: a guest that hangs before the command starts (seen once, cause unknown)
+# would otherwise hold the run until VM_TIMEOUT (50 min) and say nothing. The guest's
+# /init logs "setup done" on the console right before it runs the command.
+(
+  n=0
+  while [ $n -lt "$BOOT_TIMEOUT" ]; do
+    sleep 1; n=$((n + 1))
+    grep -q 'setup done, running command' "$RUN/console.log" 2>/dev/null && exit 0
+    kill -0 "$QPID" 2>/dev/null || exit 0
+  done
+  : > "$RUN/boot-hung"
+  kill "$QPID" 2>/dev/null
+) & WATCH=$!
 wait "$QPID"; QRC=$?
+kill "$WATCH" 2>/dev/null || true; wait "$WATCH" 2>/dev/null || true; WATCH=
 set -e
 QPID=
 grep -v 'is not connected to host network' "$RUN/qemu.err" >&2 || true
@@ -433,7 +452,11 @@ wait "$CAT2" 2>/dev/null || true; CAT2=
 [ -n "$CONSOLE_TAIL" ] && { sleep 0.3; kill "$CONSOLE_TAIL" 2>/dev/null || true; CONSOLE_TAIL=; }
 T_END=$(date +%s.%N)
 
-if [ -f "$RUN/rc" ]; then
+if [ -f "$RUN/boot-hung" ]; then
+  say "the guest did not reach the command within ${BOOT_TIMEOUT}s (hung in boot or setup;" \
+      "RDMA_VM_BOOT_TIMEOUT sets the limit): VM stopped"
+  RC=125
+elif [ -f "$RUN/rc" ]; then
   RC=$(cat "$RUN/rc")
 elif [ "$QRC" = 124 ] || [ "$QRC" = 137 ]; then
   say "VM timed out after ${VM_TIMEOUT}s"; RC=124
