@@ -185,6 +185,17 @@ static int conn_fail(struct conn *c, int err) {
 static void report_wc_error(struct conn *c, const struct ibv_wc *wc) {
     if (c->error) return;
     enum wr_kind k = wr_kind_of(wc->wr_id);
+    if (k == WR_FLUSH) { /* our NIC reading from itself: no peer is involved */
+        WARN("%s: the GPU flush (an RDMA read through the NIC's loopback, from this node to "
+             "itself) failed after data from %s arrived: %s (status %d, vendor error 0x%x). "
+             "Hint: %s does not carry loopback reads: check the RDMA driver's messages (dmesg) "
+             "and that the device reaches its own address (rping -s, then rping -c -a <its "
+             "IP>, on this node); NCCL_GDR_FLUSH_DISABLE=1 turns the flush off, at the risk of "
+             "the GPU reading received data before it has all landed",
+             c->base.dev->name, c->peer, vb.wc_status_str(wc->status), wc->status, wc->vendor_err,
+             c->base.dev->name);
+        return;
+    }
     WARN("%s: %s on QP %u to %s failed: %s (status %d, vendor error 0x%x, %u bytes). Hint: %s",
          c->base.dev->name, wr_kind_name(k), wc->qp_num, c->peer, vb.wc_status_str(wc->status),
          wc->status, wc->vendor_err, wc->byte_len, wc_hint(wc->status));
@@ -947,6 +958,7 @@ static __attribute__((noinline)) int wc_failed(struct conn *c, const struct ibv_
     }
     stats_wc_error(&c->stats, wc->status);
     report_wc_error(c, wc);
+    if (wr_kind_of(wc->wr_id) == WR_FLUSH) return conn_fail(c, -EIO); /* ours, not the peer's */
     return conn_fail(c, wc->status == IBV_WC_WR_FLUSH_ERR ? -ECONNABORTED : -EREMOTEIO);
 }
 

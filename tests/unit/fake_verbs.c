@@ -85,6 +85,7 @@ static int mrs_hi, qps_hi; /* one past the highest slot ever used: loops stop th
 static uint32_t next_key = 0x1000, next_qpn = 0x11;
 static int live_ctx, live_pd, live_mr, live_cq, live_qp;
 static int post_errors, fail_next_post;
+static enum ibv_wc_status reads_fail;
 /* GPU memory as the CPU sees it (fake_set_gpu_memory): the NIC reads it, an inline copy,
  * which the CPU makes at post time, would fault */
 static uintptr_t gpu_lo, gpu_hi;
@@ -500,6 +501,7 @@ static enum ibv_wc_status exec_send_wr(struct fake_qp *q, struct ibv_send_wr *wr
     for (int i = 0; i < wr->num_sge; i++)
         len += wr->sg_list[i].length;
     bool is_read = wr->opcode == IBV_WR_RDMA_READ;
+    if (is_read && reads_fail != IBV_WC_SUCCESS) return reads_fail;
     /* gather (inline data was copied at post time: lkeys are ignored) */
     uint8_t *buf = malloc(len ? len : 1);
     uint64_t off = 0;
@@ -751,6 +753,7 @@ void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg) {
     mrs_hi = qps_hi = 0;
     live_ctx = live_pd = live_mr = live_cq = live_qp = 0;
     post_errors = fail_next_post = inline_watched = 0;
+    reads_fail = IBV_WC_SUCCESS;
     gpu_lo = gpu_hi = watch_lo = watch_hi = 0;
     struct verbs_api api = {
         .get_device_list = f_get_device_list,
@@ -917,6 +920,12 @@ void fake_watch_inline(const void *addr, size_t len) {
 
 int fake_inline_watched(void) {
     return inline_watched;
+}
+
+void fake_fail_reads(enum ibv_wc_status st) {
+    pthread_mutex_lock(&lock);
+    reads_fail = st;
+    pthread_mutex_unlock(&lock);
 }
 
 void fake_fail_next_post(int err) {

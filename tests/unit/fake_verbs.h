@@ -88,5 +88,8 @@ void fake_reg_mr_gate(const void *addr);
 bool fake_reg_mr_gate_waiting(void);
 /* Next post_send on any QP fails with this errno (0: none). */
 void fake_fail_next_post(int err);
+/* Every RDMA READ from now on completes with this status (IBV_WC_SUCCESS: as normal): a NIC
+ * that does not carry the flush's read from itself to itself. */
+void fake_fail_reads(enum ibv_wc_status st);
 
 #endif

@@ -920,6 +920,35 @@ static void test_split_and_flush(void **state) {
     close_pair(&p);
 }
 
+/* A flush whose read fails is this node's trouble, not the peer's: the read goes from the NIC
+ * to itself (a loopback QP pair), after the data has arrived. The WARN must say so and point
+ * at the loopback, not name the sender with "the peer stopped acknowledging: it died", and
+ * NCCL must not be told the remote side failed. */
+static void test_flush_failure_blames_the_loopback(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    assert_true(p.rc->flush_ready);
+    fake_fail_reads(IBV_WC_RETRY_EXC_ERR); /* eRDMA not carrying a read from itself to itself */
+    char *buf = calloc(1, 4096);
+    void *mh = reg(p.rc, buf, 4096), *req = NULL, *data[1] = {buf}, *mhs[1] = {mh};
+    int sizes[1] = {4096};
+    assert_int_equal(erdma_iflush(p.rc, 1, data, sizes, mhs, &req), 0);
+    assert_non_null(req);
+    unit_log_count = 0;
+    int rc = wait_req(req, NULL);
+    const char *loopback[] = {"flush", "loopback", "NCCL_GDR_FLUSH_DISABLE", NULL};
+    const char *blames_peer[] = {"peer stopped acknowledging", NULL};
+    if (rc >= 0 || unit_log_count_matching(NCCL_LOG_WARN, loopback) != 1) unit_log_print();
+    assert_true(rc < 0);
+    assert_int_not_equal(rc, -EREMOTEIO); /* ncclRemoteError: "the other node failed" */
+    assert_int_equal(unit_log_count_matching(NCCL_LOG_WARN, loopback), 1);
+    assert_int_equal(unit_log_count_matching(NCCL_LOG_WARN, blames_peer), 0);
+    fake_fail_reads(IBV_WC_SUCCESS);
+    erdma_dereg_mr(p.rc, mh);
+    free(buf);
+    close_pair(&p);
+}
+
 /* A device whose GPU memory comes through dma-buf (no peer memory) flushes GPU receives, as
  * net_ib does: without the flush QP iflush answered NULL, "done", with no read-back to order
  * the NIC's PCIe writes before the GPU reads the buffer. */
@@ -1290,6 +1319,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_peer_rewrites_fifo_size, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_split_and_flush, setup_split, teardown_env),
         cmocka_unit_test_setup_teardown(test_dmabuf_device_flushes, setup_one, teardown_env),
+        cmocka_unit_test_setup_teardown(test_flush_failure_blames_the_loopback, setup_split,
+                                        teardown_env),
         cmocka_unit_test_setup_teardown(test_gpu_payload_never_inline, setup_gdr, teardown_env),
         cmocka_unit_test_setup_teardown(test_rr_seq_wrap, setup_rr3_send, teardown_env),
         cmocka_unit_test_setup_teardown(test_rr_no_wrap, setup_rr3, teardown_env),
