@@ -43,6 +43,7 @@ plugin)
     printf '\tlibnccl-net-erdma.so (libc6,x86-64) => /usr/lib/libnccl-net-erdma.so\n' >>"$ld"
     LD_LIBRARY_PATH= expect ok-cache 0 "[OK  ] plugin: NCCL finds /usr/lib/libnccl-net-erdma.so" -- --only plugin --ldconfig "$ld" $(tree node-ok)
     LD_LIBRARY_PATH= expect fail-no-provider 1 "[FAIL] plugin provider: no erdma provider for libibverbs" -- --only plugin --ldconfig "$ld" $(tree node-fail)
+    LD_LIBRARY_PATH= expect fail-no-provider-renamed 1 "[FAIL] plugin provider: no erdma provider for libibverbs" -- --only plugin --ldconfig "$ld" $(tree renamed)
     LD_LIBRARY_PATH= expect ok-no-erdma-device 0 "[OK  ] plugin: NCCL finds" -- --only plugin --ldconfig "$ld" $(tree iwarp)
     printf '\tlibnccl-net-erdma.so (libc6,x86-64) => /usr/lib/libnccl-net-erdma.so\n' >"$ld"
     LD_LIBRARY_PATH= expect fail-no-verbs 1 "[FAIL] plugin libraries: libibverbs.so.1 librdmacm.so.1 not found by the loader" -- --only plugin --ldconfig "$ld" $(tree node-ok)
@@ -105,6 +106,8 @@ gpudirect)
     expect warn-no-gpu 0 "[WARN] gpudirect: no NVIDIA driver loaded" -- --only gpudirect $(tree node-warn)
     expect warn-dmabuf 0 "[WARN] gpudirect: NVIDIA driver loaded but no peer memory (nvidia_peermem); non-eRDMA devices may still use dma-buf" -- --only gpudirect $(tree acs-short)
     expect fail-erdma 1 "[FAIL] gpudirect: NVIDIA driver loaded but no peer memory (nvidia_peermem): eRDMA cannot register GPU memory" -- --only gpudirect $(tree node-fail)
+    # eRDMA known by its driver: rdma-core's persistent naming may call it rocep5s0
+    expect fail-erdma-renamed 1 "[FAIL] gpudirect: NVIDIA driver loaded but no peer memory (nvidia_peermem): eRDMA cannot register GPU memory" -- --only gpudirect $(tree renamed)
     ;;
 acs)
     expect ok 0 "[OK  ] acs: no ACS source validation on the bridges above 3 GPU/NIC device(s)" -- --only acs $(tree node-ok)
@@ -128,9 +131,12 @@ nccl)
     NCCL_HOME=$FX/node-ok expect ok-nccl_home 0 "NCCL 2.28.9 ($FX/node-ok/lib/libnccl.so.2) will load ncclNetPlugin_v11" -- --only nccl --ldconfig /dev/null
     ld=$(mktemp)
     printf '\tlibnccl.so.2 (libc6,x86-64) => %s\n' "$FX/node-fail/lib/libnccl.so.2" >"$ld"
-    expect fail-ldconfig-2.18 1 "[FAIL] nccl: NCCL 2.18.5 ($FX/node-fail/lib/libnccl.so.2) asks for plugin API v6 or older" -- --only nccl --ldconfig "$ld"
+    expect fail-ldconfig-2.18 1 "[FAIL] nccl: NCCL 2.18.5 ($FX/node-fail/lib/libnccl.so.2) asks for plugin API v6 or older" -- --only nccl --ldconfig "$ld" $(tree empty)
+    # pip's nvidia-nccl (PyTorch's wheels load it) comes before the loader's cache
+    pip=$FX/renamed/usr/local/lib/python3.10/dist-packages/nvidia/nccl/lib/libnccl.so.2
+    expect ok-pip 0 "[OK  ] nccl: NCCL 2.27.7 ($pip) will load ncclNetPlugin_v10" -- --only nccl --ldconfig "$ld" $(tree renamed)
     rm -f "$ld"
-    expect warn-not-found 0 "[WARN] nccl: libnccl.so.2 not found" -- --only nccl --ldconfig /dev/null
+    expect warn-not-found 0 "[WARN] nccl: libnccl.so.2 not found" -- --only nccl --ldconfig /dev/null $(tree empty)
     ;;
 topology)
     # the real nccl-erdma-topo (TOPO_TOOL_BIN, from the build) on its own fixture trees: the
