@@ -173,6 +173,7 @@ static void resolve_speed(struct erdma_device *d, const struct ibv_port_attr *pa
 
 static bool peer_memory_present(void) {
     return sysfs_exists("/sys/kernel/mm/memory_peers/nv_mem/version") ||
+           sysfs_exists("/sys/kernel/mm/memory_peers/nv_mem_nc/version") ||
            sysfs_exists("/sys/module/nvidia_peermem/version") ||
            sysfs_exists("/sys/module/nv_peer_mem/version");
 }

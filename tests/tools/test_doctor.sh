@@ -103,6 +103,11 @@ memlock)
 gpudirect)
     expect ok-nv_mem 0 "[OK  ] gpudirect: GPU peer memory present (nv_mem 1.0-0)" -- --only gpudirect $(tree node-ok)
     expect ok-module 0 "[OK  ] gpudirect: GPU peer memory present (nvidia_peermem loaded)" -- --only gpudirect $(tree iwarp)
+    nc=$(mktemp -d) # peer memory as nv_mem_nc only (NCCL's gdr.cc accepts it)
+    cp -r "$FX/acs-short/." "$nc" && mkdir -p "$nc/sys/kernel/mm/memory_peers/nv_mem_nc" &&
+        echo 1.0-0 >"$nc/sys/kernel/mm/memory_peers/nv_mem_nc/version"
+    expect ok-nv_mem_nc 0 "[OK  ] gpudirect: GPU peer memory present (nv_mem_nc 1.0-0)" -- --only gpudirect --sysfs-root "$nc" --dev-root "$nc/dev"
+    rm -rf "$nc"
     expect warn-no-gpu 0 "[WARN] gpudirect: no NVIDIA driver loaded" -- --only gpudirect $(tree node-warn)
     expect warn-dmabuf 0 "[WARN] gpudirect: NVIDIA driver loaded but no peer memory (nvidia_peermem); non-eRDMA devices may still use dma-buf" -- --only gpudirect $(tree acs-short)
     expect fail-erdma 1 "[FAIL] gpudirect: NVIDIA driver loaded but no peer memory (nvidia_peermem): eRDMA cannot register GPU memory" -- --only gpudirect $(tree node-fail)

@@ -4,7 +4,8 @@
  * Fixture cases:
  *   ebmgn9g     erdma_0/erdma_1 in compat mode (RoCE v2, GID 1 IPv4-mapped),
  *               eth0 reports a speed, eth1 does not (-1), nvidia_peermem loaded
- *   container   erdma_0 with gid_attrs hidden, class/net as a container sees it
+ *   container   erdma_0 with gid_attrs hidden, class/net as a container sees it, peer
+ *               memory as nv_mem_nc only (NCCL's gdr.cc checks it too)
  *   erdma-iwarp erdma_0/erdma_1 in standard (iWARP) mode, siw0 on lo
  *   rxe         soft-RoCE rxe0 on eth0: no device link, PCI function via the netdev
  */
@@ -916,6 +917,9 @@ static void test_container_hidden_gid_attrs(void **state) {
     assert_string_not_equal(d->netdev, "lo");
     assert_int_not_equal(d->ip.sin_addr.s_addr, htonl(INADDR_LOOPBACK));
     assert_string_equal(d->speed_source, "driver placeholder, set NCCL_ERDMA_PORT_SPEED");
+    /* peer memory known as nv_mem_nc only, which NCCL's own check accepts */
+    assert_true(d->gdr);
+    assert_int_equal(d->ptr_support, NCCL_PTR_HOST | NCCL_PTR_CUDA);
     release_and_check();
 }
 
