@@ -270,7 +270,8 @@ int erdma_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t 
     if (erdma_forked) return erdma_forked_refuse("regMrDmaBuf");
     struct erdma_device *dev = comm_device(comm);
     if (!dev) return -EINVAL;
-    if (type == NCCL_PTR_HOST) return erdma_reg_mr(comm, data, size, type, mhandle);
+    /* no descriptor: a plain registration, as net_ib's (fd != -1 is what selects dma-buf) */
+    if (type == NCCL_PTR_HOST || fd == -1) return erdma_reg_mr(comm, data, size, type, mhandle);
     struct erdma_mr *m;
     int rc = mr_cache_get_dmabuf(dev->mrs, data, size, offset, fd, &m);
     if (rc) return rc;

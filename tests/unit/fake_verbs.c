@@ -251,7 +251,7 @@ static struct ibv_mr *f_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t
         errno = EOPNOTSUPP;
         return NULL;
     }
-    if (fd < 0) {
+    if (fd < 0 || fcntl(fd, F_GETFD) < 0) { /* not an open descriptor */
         errno = EBADF;
         return NULL;
     }

@@ -25,6 +25,27 @@
 
 static struct mr_cache *cache;
 
+/* regMrDmaBuf with no descriptor (fd -1) registers the pointer as regMr does, as net_ib's
+ * registration does (reg.cc: fd != -1 picks dma-buf): on a device with peer memory it is a
+ * plain registration of GPU memory, not a dma-buf import of descriptor -1 (EBADF). */
+static void test_dmabuf_call_without_fd(void **state) {
+    assert_int_equal(fake_env_stop(), 0);
+    const char *env[] = {"NCCL_ERDMA_GDR=1", NULL}; /* peer memory, whatever sysfs says */
+    assert_int_equal(fake_env_start(1, NULL, env), 1);
+    cache = device_get(0)->mrs;
+    void *s, *r, *mh = NULL;
+    assert_int_equal(fake_pair_connect(0, 0, &s, &r), 0);
+    char *buf = malloc(8192);
+    unit_log_count = 0;
+    int rc = erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, -1, &mh);
+    if (rc) unit_log_print();
+    assert_int_equal(rc, 0);
+    assert_int_equal(erdma_dereg_mr(s, mh), 0);
+    assert_int_equal(erdma_close_send(s), 0);
+    assert_int_equal(erdma_close_recv(r), 0);
+    free(buf);
+}
+
 static int setup(void **state) {
     unit_log_start();
     assert_int_equal(fake_env_start(1, NULL, NULL), 1);
@@ -228,12 +249,18 @@ static void test_dmabuf_only_device(void **state) {
     /* a closed descriptor: said as GPU dma-buf memory, with no memlock advice (the exporter
      * pins it; the locked-memory limit does not apply) */
     unit_log_count = 0;
-    assert_int_equal(erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, -1, &mh), -EBADF);
+    int closed = dup(0);
+    close(closed);
+    assert_int_equal(erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, closed, &mh), -EBADF);
     assert_logged(NCCL_LOG_WARN, "fake0", "(GPU dma-buf memory)");
     assert_logged(NCCL_LOG_WARN, "fake0", "file descriptor is not open");
     assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, "ulimit"));
-    assert_int_equal(erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, 3, &mh), 0);
+    assert_int_equal(erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, 0, &mh), 0);
     assert_int_equal(erdma_dereg_mr(s, mh), 0);
+    /* no descriptor (-1) is a plain registration, as in net_ib: here GPU memory needs one */
+    unit_log_count = 0;
+    assert_int_equal(erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, -1, &mh), -EINVAL);
+    assert_logged(NCCL_LOG_WARN, "fake0", "only as a dma-buf (regMrDmaBuf)");
     assert_int_equal(erdma_close_send(s), 0);
     assert_int_equal(erdma_close_recv(r), 0);
     free(buf);
@@ -250,6 +277,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_api_entry_points, setup, teardown),
         cmocka_unit_test_setup_teardown(test_live_at_finalize_released, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dmabuf_only_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dmabuf_call_without_fd, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
