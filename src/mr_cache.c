@@ -54,9 +54,16 @@ static void warn_reg_failure(struct mr_cache *c, void *data, size_t size, int ty
             snprintf(lim, sizeof(lim), "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
     }
     const char *hint;
-    if (type == NCCL_PTR_CUDA)
-        hint = "GPU memory registers through peer memory: load nvidia_peermem (modprobe "
-               "nvidia_peermem) on the node";
+    /* GPU memory gets here only with peer memory seen (or forced): its module is loaded */
+    if (type == NCCL_PTR_CUDA && (err == ENOMEM || err == EAGAIN))
+        hint = "the GPU memory could not be mapped for the NIC: the GPU's BAR1 space may be "
+               "full (nvidia-smi -q -d MEMORY, BAR1 Memory Usage) or the locked-memory limit "
+               "reached (run with `ulimit -l unlimited`; in Kubernetes give the container "
+               "IPC_LOCK); dmesg may say which";
+    else if (type == NCCL_PTR_CUDA)
+        hint = "GPU memory registers through peer memory: check that it is loaded (lsmod | grep "
+               "nvidia_peermem; NCCL_ERDMA_GDR=1 forces GPU Direct without it) and dmesg for "
+               "the driver's reason";
     else if (type == NCCL_PTR_DMABUF) /* pinned by its exporter: memlock does not apply */
         hint = err == EBADF ? "the dma-buf file descriptor is not open (closed too early?)"
                             : "the GPU driver refused to export or map this dma-buf: check that "

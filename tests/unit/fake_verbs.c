@@ -84,7 +84,7 @@ static struct fake_qp *qps[FAKE_MAX_QPS];
 static int mrs_hi, qps_hi; /* one past the highest slot ever used: loops stop there */
 static uint32_t next_key = 0x1000, next_qpn = 0x11;
 static int live_ctx, live_pd, live_mr, live_cq, live_qp;
-static int post_errors, fail_next_post;
+static int post_errors, fail_next_post, fail_next_reg;
 static enum ibv_wc_status reads_fail;
 /* GPU memory as the CPU sees it (fake_set_gpu_memory): the NIC reads it, an inline copy,
  * which the CPU makes at post time, would fault */
@@ -217,6 +217,11 @@ static void gate_pass(const void *addr) {
 
 static struct ibv_mr *f_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
     gate_pass(addr);
+    if (fail_next_reg) {
+        errno = fail_next_reg;
+        fail_next_reg = 0;
+        return NULL;
+    }
     struct fake_mr *m = calloc(1, sizeof(*m));
     if (!m) return NULL;
     pthread_mutex_lock(&lock);
@@ -752,7 +757,7 @@ void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg) {
     memset(qps, 0, sizeof(qps));
     mrs_hi = qps_hi = 0;
     live_ctx = live_pd = live_mr = live_cq = live_qp = 0;
-    post_errors = fail_next_post = inline_watched = 0;
+    post_errors = fail_next_post = fail_next_reg = inline_watched = 0;
     reads_fail = IBV_WC_SUCCESS;
     gpu_lo = gpu_hi = watch_lo = watch_hi = 0;
     struct verbs_api api = {
@@ -926,6 +931,10 @@ void fake_fail_reads(enum ibv_wc_status st) {
     pthread_mutex_lock(&lock);
     reads_fail = st;
     pthread_mutex_unlock(&lock);
+}
+
+void fake_fail_next_reg(int err) {
+    fail_next_reg = err;
 }
 
 void fake_fail_next_post(int err) {

@@ -86,6 +86,8 @@ void fake_async_channel_fails(int dev);
  * that pins a large buffer holds its caller); whether one is waiting there now. */
 void fake_reg_mr_gate(const void *addr);
 bool fake_reg_mr_gate_waiting(void);
+/* Next reg_mr fails with this errno (0: none), as a pinning the kernel refuses. */
+void fake_fail_next_reg(int err);
 /* Next post_send on any QP fails with this errno (0: none). */
 void fake_fail_next_post(int err);
 /* Every RDMA READ from now on completes with this status (IBV_WC_SUCCESS: as normal): a NIC

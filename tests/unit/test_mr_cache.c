@@ -46,6 +46,25 @@ static void test_dmabuf_call_without_fd(void **state) {
     free(buf);
 }
 
+/* A failed registration of GPU memory only happens once peer memory is there (without it,
+ * regMr of GPU memory is refused first): "load nvidia_peermem" is then no help. Out of
+ * memory is the GPU's BAR1 space or the locked-memory limit; other failures point at the
+ * peer-memory module and dmesg. */
+static void test_gpu_registration_failure_hints(void **state) {
+    char *buf = aligned_alloc(4096, 4096);
+    struct erdma_mr *m = NULL;
+    unit_log_count = 0;
+    fake_fail_next_reg(ENOMEM);
+    assert_int_equal(mr_cache_get(cache, buf, 4096, NCCL_PTR_CUDA, &m), -ENOMEM);
+    assert_logged(NCCL_LOG_WARN, "fake0", "BAR1");
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, "load nvidia_peermem"));
+    unit_log_count = 0;
+    fake_fail_next_reg(EFAULT);
+    assert_int_equal(mr_cache_get(cache, buf, 4096, NCCL_PTR_CUDA, &m), -EFAULT);
+    assert_logged(NCCL_LOG_WARN, "fake0", "lsmod | grep nvidia_peermem");
+    free(buf);
+}
+
 static int setup(void **state) {
     unit_log_start();
     assert_int_equal(fake_env_start(1, NULL, NULL), 1);
@@ -278,6 +297,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_live_at_finalize_released, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dmabuf_only_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dmabuf_call_without_fd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_registration_failure_hints, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
