@@ -209,17 +209,21 @@ static inline size_t cts_index(uint32_t slot, int buf) {
 
 /* Control region layouts (offsets inside conn.ctrl). Each starts with what the peer
  * RDMA-writes (a sender's FIFO, a receiver's record area), the only part its key reaches:
- * the rest (our clear-to-send copies, records to send, flush target, receive ring) is ours. */
+ * the rest (our clear-to-send copies, records to send, receive ring) is ours. The flush
+ * read's target sits in the receiver's peer-writable head: iWARP requires remote write
+ * access on the local buffer a read lands in (its response is a tagged write; Linux's rw.c
+ * and svcrdma grant it for iWARP), and its byte is never read, so a peer's write there
+ * changes nothing. */
 #define SEND_CTRL_FIFO    0
 #define SEND_CTRL_RECORDS (ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS * sizeof(struct wire_cts))
 #define SEND_CTRL_LEN     (SEND_CTRL_RECORDS + ERDMA_FIFO_DEPTH * sizeof(struct wire_record))
 #define RECV_CTRL_RECORDS 0
-#define RECV_CTRL_CTS     (ERDMA_FIFO_DEPTH * sizeof(struct wire_record))
-#define RECV_CTRL_FLUSH                                                                            \
+#define RECV_CTRL_FLUSH   (ERDMA_FIFO_DEPTH * sizeof(struct wire_record))
+#define RECV_CTRL_CTS     (RECV_CTRL_FLUSH + 64)
+#define RECV_CTRL_RING                                                                             \
     (RECV_CTRL_CTS + ERDMA_FIFO_DEPTH * ERDMA_MAX_RECVS * sizeof(struct wire_cts))
-#define RECV_CTRL_RING     (RECV_CTRL_FLUSH + 64)
 #define SEND_CTRL_PEER_LEN SEND_CTRL_RECORDS /* the FIFO */
-#define RECV_CTRL_PEER_LEN RECV_CTRL_CTS     /* the record area */
+#define RECV_CTRL_PEER_LEN RECV_CTRL_CTS     /* the record area and the flush target */
 #define RECV_CTRL_LEN(nqps)                                                                        \
     (RECV_CTRL_RING + (size_t)(nqps)*ERDMA_RQ_DEPTH * sizeof(struct wire_record))
 

@@ -1379,7 +1379,7 @@ int erdma_iflush(void *recv_comm, int n, void **data, const int *sizes, void **m
     struct erdma_mr *mr = mhandles[last];
     /* An RDMA read of our own buffer completes only after earlier PCIe writes into it did. */
     struct ibv_sge sge = {
-        .addr = (uintptr_t)rc->flush_buf, .length = 1, .lkey = rc->c.ctrl_mr->lkey};
+        .addr = (uintptr_t)rc->flush_buf, .length = 1, .lkey = rc->c.peer_mr->lkey};
     struct ibv_send_wr wr =
                            {
                                .wr_id = wr_id(WR_FLUSH, 0, (uint32_t)(req - rc->reqs)),

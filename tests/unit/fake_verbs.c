@@ -33,6 +33,7 @@ struct fake_dev {
     struct ibv_port_attr port;
     union ibv_gid gids[2];
     bool dmabuf;
+    bool read_sink_rw;
 };
 
 struct fake_ctx {
@@ -513,8 +514,9 @@ static enum ibv_wc_status exec_send_wr(struct fake_qp *q, struct ibv_send_wr *wr
     for (int i = 0; i < wr->num_sge; i++) {
         const struct ibv_sge *s = &wr->sg_list[i];
         if (!(wr->send_flags & IBV_SEND_INLINE) || is_read) {
-            if (s->length && !mr_find(q->qp.pd, s->lkey, s->addr, s->length,
-                                      is_read ? IBV_ACCESS_LOCAL_WRITE : 0)) {
+            int sink = IBV_ACCESS_LOCAL_WRITE;
+            if (dev_of(q->qp.context)->read_sink_rw) sink |= IBV_ACCESS_REMOTE_WRITE;
+            if (s->length && !mr_find(q->qp.pd, s->lkey, s->addr, s->length, is_read ? sink : 0)) {
                 free(buf);
                 return IBV_WC_LOC_PROT_ERR;
             }
@@ -743,6 +745,7 @@ void fake_verbs_install(int ndev, const struct fake_dev_cfg *cfg) {
         d->attr.max_qp_wr = c && c->max_qp_wr ? c->max_qp_wr : 16384;
         d->attr.max_cqe = c && c->max_cqe ? c->max_cqe : 1 << 20;
         d->dmabuf = c && c->dmabuf;
+        d->read_sink_rw = c && c->read_sink_rw;
         d->port.state = IBV_PORT_ACTIVE;
         d->port.link_layer = IBV_LINK_LAYER_ETHERNET;
         d->port.active_mtu = IBV_MTU_1024;

@@ -28,6 +28,7 @@ struct fake_dev_cfg {
     int max_qp_wr;       /* default 16384 */
     int max_cqe;         /* default 1 << 20 */
     bool dmabuf;         /* takes dma-buf MRs; default EOPNOTSUPP, as eRDMA */
+    bool read_sink_rw;   /* a read's local target needs remote write access, as on iWARP */
 };
 
 /* Installs the fake table with ndev RoCE devices (cfg may be NULL: defaults). */

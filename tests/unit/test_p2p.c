@@ -920,6 +920,24 @@ static void test_split_and_flush(void **state) {
     close_pair(&p);
 }
 
+/* iWARP (eRDMA's standard mode) wants remote write access on the local buffer a read lands
+ * in: the flush's target had local write only, which siw does not check and eRDMA may. */
+static int setup_read_sink_rw(void **state) {
+    const char *env[] = {"NCCL_ERDMA_FORCE_FLUSH=1", NULL};
+    struct fake_dev_cfg cfg = {.read_sink_rw = true};
+    unit_log_start();
+    assert_int_equal(fake_env_start(1, &cfg, env), 1);
+    return 0;
+}
+
+static void test_flush_target_takes_iwarp_reads(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    assert_true(p.rc->flush_ready);
+    flush_one(&p);
+    close_pair(&p);
+}
+
 /* A flush whose read fails is this node's trouble, not the peer's: the read goes from the NIC
  * to itself (a loopback QP pair), after the data has arrived. The WARN must say so and point
  * at the loopback, not name the sender with "the peer stopped acknowledging: it died", and
@@ -1320,6 +1338,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_split_and_flush, setup_split, teardown_env),
         cmocka_unit_test_setup_teardown(test_dmabuf_device_flushes, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_flush_failure_blames_the_loopback, setup_split,
+                                        teardown_env),
+        cmocka_unit_test_setup_teardown(test_flush_target_takes_iwarp_reads, setup_read_sink_rw,
                                         teardown_env),
         cmocka_unit_test_setup_teardown(test_gpu_payload_never_inline, setup_gdr, teardown_env),
         cmocka_unit_test_setup_teardown(test_rr_seq_wrap, setup_rr3_send, teardown_env),
