@@ -890,6 +890,7 @@ static int accept_candidates(struct listen_comm *lc) {
         int rc = oob_accept(lc->fd, &fd, &peer);
         if (rc < 0) return rc;
         if (rc == 0) break;
+        if (rc == 2) continue; /* a client gone before we took it (counts against this call) */
         struct accept_state *as = calloc(1, sizeof(*as));
         if (!as) {
             close(fd);
@@ -1017,8 +1018,12 @@ int erdma_accept(void *listen_comm, void **recv_comm) {
     if (!lc->pending) {
         int rc = accept_candidates(lc);
         if (rc < 0) {
-            WARN("%s: accept on its listening socket failed: %s", lc->base.dev->name,
-                 strerror(-rc));
+            WARN("%s: accept on its listening socket failed: %s%s", lc->base.dev->name,
+                 strerror(-rc),
+                 rc == -EMFILE || rc == -ENFILE
+                     ? ": out of file descriptors; raise the limit (ulimit -n; in Kubernetes "
+                       "the container runtime's LimitNOFILE)"
+                     : "");
             return rc;
         }
         if (rc == 0) return 0;

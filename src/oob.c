@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/tcp.h>
@@ -115,10 +116,33 @@ int oob_connect_poll(int fd) {
     return err ? -err : 1;
 }
 
+/* Errors accept(2) passes on from a connection that failed before it was taken (its man
+ * page: for TCP "treat them like EAGAIN"), and ECONNABORTED, a client that reset in the
+ * backlog: that client is gone, the listening socket is fine. */
+static bool accept_error_is_the_clients(int err) {
+    switch (err) {
+    case ECONNABORTED:
+    case ENETDOWN:
+    case EPROTO:
+    case ENOPROTOOPT:
+    case EHOSTDOWN:
+    case ENONET:
+    case EHOSTUNREACH:
+    case EOPNOTSUPP:
+    case ENETUNREACH:
+        return true;
+    default:
+        return false;
+    }
+}
+
 int oob_accept(int listen_fd, int *fd_out, struct sockaddr_in *peer) {
     socklen_t len = sizeof(*peer);
     int fd = accept4(listen_fd, (struct sockaddr *)peer, &len, SOCK_CLOEXEC);
-    if (fd < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -errno;
+    if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+        return accept_error_is_the_clients(errno) ? 2 : -errno;
+    }
     int rc = set_socket_opts(fd);
     if (rc) {
         close(fd);

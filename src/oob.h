@@ -16,7 +16,8 @@ int oob_local_addr(const struct erdma_device *dev, struct sockaddr_in *out);
 int oob_listen(const struct sockaddr_in *local, int *fd, struct sockaddr_in *bound);
 int oob_connect_start(const struct sockaddr_in *peer, int *fd);
 int oob_connect_poll(int fd);
-/* 1 with *fd set, 0 when nobody is waiting. */
+/* 1 with *fd set, 0 when nobody is waiting, 2 when the client taken had failed already (try
+ * the next), -errno when the listening socket fails. */
 int oob_accept(int listen_fd, int *fd, struct sockaddr_in *peer);
 int oob_send_progress(int fd, const void *buf, size_t len, size_t *done);
 int oob_recv_progress(int fd, void *buf, size_t len, size_t *done);

@@ -17,6 +17,7 @@
 #include "unit_log.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -363,6 +364,57 @@ static void test_accept_bounded_per_call(void **state) {
     assert_int_equal(erdma_close_listen(lc), 0);
 }
 
+/* accept4 as the kernel gives it, or, once, the error a test chose: this definition in the
+ * test executable takes the plugin's calls (erdma_core is linked in statically). */
+static int accept4_fails_with;
+int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
+    static int (*real)(int, struct sockaddr *, socklen_t *, int);
+    if (!real) *(void **)&real = dlsym(RTLD_NEXT, "accept4");
+    if (accept4_fails_with) {
+        errno = accept4_fails_with;
+        accept4_fails_with = 0;
+        return -1;
+    }
+    return real(fd, addr, len, flags);
+}
+
+/* accept(2) passes on errors of a connection that failed before it was taken (Linux: "treat
+ * them like EAGAIN"), and a client that reset in the backlog gives ECONNABORTED: that client
+ * is gone, the listener is fine, and the real peer behind it must still be accepted. Both
+ * failed NCCL's accept, so a port scanner's reset or a flapping link failed the job. */
+static void test_accept_survives_a_client_gone_before_it(void **state) {
+    static const int client_errors[] = {ECONNABORTED, ENETDOWN, EHOSTUNREACH, EPROTO};
+    for (unsigned i = 0; i < sizeof(client_errors) / sizeof(client_errors[0]); i++) {
+        void *s, *r;
+        accept4_fails_with = client_errors[i];
+        int rc = fake_pair_connect(0, 0, &s, &r);
+        if (rc) unit_log_print();
+        assert_int_equal(rc, 0);
+        assert_int_equal(accept4_fails_with, 0); /* the error was given */
+        assert_int_equal(erdma_close_send(s), 0);
+        assert_int_equal(erdma_close_recv(r), 0);
+    }
+}
+
+/* Out of file descriptors is the listener's own failure: NCCL's accept fails, and the WARN
+ * names the limit to raise. */
+static void test_accept_out_of_descriptors_names_the_limit(void **state) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    void *lc = NULL, *r = NULL;
+    assert_int_equal(erdma_listen(0, handle, &lc), 0);
+    struct wire_handle h;
+    memcpy(&h, handle, sizeof(h));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&h.addr, sizeof(h.addr)), 0);
+    unit_log_count = 0;
+    accept4_fails_with = EMFILE;
+    assert_int_equal(erdma_accept(lc, &r), -EMFILE);
+    assert_null(r);
+    assert_logged(NCCL_LOG_WARN, "accept", "ulimit -n");
+    close(fd);
+    assert_int_equal(erdma_close_listen(lc), 0);
+}
+
 /* A listen that fails (no IPv4 address on the netdev yet: a flapping link) must not count
  * a comm closed that was never counted open: one count short, a later finalize with one comm
  * still open released the devices under it. */
@@ -701,6 +753,10 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_peer_hangs_up_during_handshake, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_hello_dropped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_accept_bounded_per_call, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_accept_survives_a_client_gone_before_it, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_accept_out_of_descriptors_names_the_limit, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_probe_burst_behind_real_peer, setup, teardown),
         cmocka_unit_test(test_failed_listen_keeps_object_count),
         cmocka_unit_test_setup_teardown(test_close_stops_profiler_events, setup, teardown),
