@@ -347,7 +347,15 @@ int cm_accept_progress(struct listen_comm *lc, struct recv_comm *rc, uint64_t no
     ret = cm_channel_open(&rc->c.cm_ch);
     if (ret) return ret;
     for (int i = 0; i < rc->c.nqps; i++) {
-        if (vb.cm_migrate_id(rc->c.qps[i].cm_id, rc->c.cm_ch)) return -errno;
+        if (vb.cm_migrate_id(rc->c.qps[i].cm_id, rc->c.cm_ch)) {
+            int err = errno ? -errno : -EIO; /* erdma_accept WARNs it, naming the peer */
+            /* The ids not moved still report to the listener's channel, which a closeListen
+             * may destroy before this comm's teardown runs on the reaper: they go now, while
+             * it lives (the teardown skips them). */
+            for (int j = i; j < rc->c.nqps; j++)
+                qp_destroy(&rc->c.qps[j]);
+            return err;
+        }
     }
     return 1;
 }

@@ -12,7 +12,8 @@
  * but, at the second, disconnects its rdma_cm ids and hangs with its socket open: the
  * receiver sees the rdma_cm disconnect first, as it now and then does when a killed sender's
  * DREQ overtakes its socket's end. cm_shim_port_taken() makes listens and connects fail as
- * when rdma_cm picks a port a TCP socket holds.
+ * when rdma_cm picks a port a TCP socket holds. cm_shim_migrate_fails() fails an
+ * rdma_migrate_id, and an id destroyed after its event channel aborts the process.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -59,13 +60,10 @@ static void maybe_die(const char *name) {
         return f args;                                                                             \
     }
 
-FORWARD(struct rdma_event_channel *, rdma_create_event_channel, (void), ())
-FORWARD(void, rdma_destroy_event_channel, (struct rdma_event_channel * ch), (ch))
 FORWARD(int, rdma_create_id,
         (struct rdma_event_channel * ch, struct rdma_cm_id **id, void *ctx,
          enum rdma_port_space ps),
         (ch, id, ctx, ps))
-FORWARD(int, rdma_destroy_id, (struct rdma_cm_id * id), (id))
 FORWARD(int, rdma_bind_addr, (struct rdma_cm_id * id, struct sockaddr *a), (id, a))
 FORWARD(int, rdma_resolve_addr,
         (struct rdma_cm_id * id, struct sockaddr *src, struct sockaddr *dst, int ms),
@@ -79,7 +77,70 @@ FORWARD(int, rdma_get_cm_event, (struct rdma_event_channel * ch, struct rdma_cm_
         (ch, ev))
 FORWARD(int, rdma_ack_cm_event, (struct rdma_cm_event * ev), (ev))
 FORWARD(const char *, rdma_event_str, (enum rdma_cm_event_type ev), (ev))
-FORWARD(int, rdma_migrate_id, (struct rdma_cm_id * id, struct rdma_event_channel *ch), (id, ch))
+
+/* Event channels destroyed so far (until a new one takes the same address): an id still
+ * reporting to one of them is a use-after-free waiting in librdmacm, which reads the channel
+ * when the id is destroyed. Such a destroy is reported and aborts the process. */
+static struct rdma_event_channel *dead_channels[64];
+static int ndead;
+
+static void channel_forget(struct rdma_event_channel *ch) {
+    for (int i = 0; i < ndead; i++)
+        if (dead_channels[i] == ch) dead_channels[i] = dead_channels[--ndead];
+}
+
+struct rdma_event_channel *rdma_create_event_channel(void) {
+    static struct rdma_event_channel *(*f)(void);
+    maybe_die("rdma_create_event_channel");
+    if (!f) *(void **)&f = real("rdma_create_event_channel");
+    struct rdma_event_channel *ch = f();
+    if (ch) channel_forget(ch);
+    return ch;
+}
+
+void rdma_destroy_event_channel(struct rdma_event_channel *ch) {
+    static void (*f)(struct rdma_event_channel *);
+    maybe_die("rdma_destroy_event_channel");
+    if (!f) *(void **)&f = real("rdma_destroy_event_channel");
+    if (ch && ndead < (int)(sizeof(dead_channels) / sizeof(dead_channels[0])))
+        dead_channels[ndead++] = ch;
+    f(ch);
+}
+
+int rdma_destroy_id(struct rdma_cm_id *id) {
+    static int (*f)(struct rdma_cm_id *);
+    maybe_die("rdma_destroy_id");
+    if (!f) *(void **)&f = real("rdma_destroy_id");
+    for (int i = 0; id && i < ndead; i++) {
+        if (dead_channels[i] == id->channel) {
+            fprintf(stderr,
+                    "cm_shim: rdma_destroy_id of an id whose event channel %p was "
+                    "destroyed before it (use after free)\n",
+                    (void *)id->channel);
+            abort();
+        }
+    }
+    return f(id);
+}
+
+/* cm_shim_migrate_fails(n): the n-th rdma_migrate_id from now fails with ENOMEM without
+ * reaching librdmacm (0: none). */
+static int migrate_fail_at;
+void cm_shim_migrate_fails(int n); /* dlsym()ed by the test */
+void cm_shim_migrate_fails(int n) {
+    migrate_fail_at = n;
+}
+
+int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *ch) {
+    static int (*f)(struct rdma_cm_id *, struct rdma_event_channel *);
+    maybe_die("rdma_migrate_id");
+    if (!f) *(void **)&f = real("rdma_migrate_id");
+    if (migrate_fail_at > 0 && --migrate_fail_at == 0) {
+        errno = ENOMEM;
+        return -1;
+    }
+    return f(id, ch);
+}
 FORWARD(uint16_t, rdma_get_src_port, (struct rdma_cm_id * id), (id))
 FORWARD(struct ibv_context **, rdma_get_devices, (int *n), (n))
 FORWARD(void, rdma_free_devices, (struct ibv_context * *list), (list))

@@ -2002,6 +2002,52 @@ static int flush_port_taken_recv(struct duo *d, void *arg) {
     return 0;
 }
 
+/* A connection's ids move from the listener's rdma_cm channel to the comm's own once every QP
+ * is up. When a move fails after the first (the shim fails the second), accept fails; the
+ * ids not moved still reported to the listener's channel, and the failed comm's teardown
+ * destroyed them on the reaper thread after the test's closeListen had destroyed that
+ * channel: a use after free in librdmacm, which the shim turns into an abort. */
+static int migrate_fails_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    const char *path = getenv("ITEST_CM_SHIM");
+    CHECK(path != NULL); /* set by CMake: the case cannot run without it */
+    setenv("NCCL_ERDMA_RDMACM_LIB", path, 1);
+    void *shim = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    CHECK(shim != NULL);
+    void (*migrate_fails)(int) = (void (*)(int))dlsym(shim, "cm_shim_migrate_fails");
+    CHECK(migrate_fails != NULL);
+    struct netapi n;
+    void *lc, *comm;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(net_listen(&n, handle, &lc) == 0);
+    migrate_fails(2);
+    CHECK(duo_send(d, handle, sizeof(handle)) == 0);
+    int failed = net_accept(&n, lc, &comm, TMO) != 0;
+    int warned = strstr(log_text(), "failed: Cannot allocate memory") != NULL;
+    if (!failed || !warned) fprintf(stderr, "log:\n%s", log_text());
+    figure("second rdma_migrate_id failed on %s: accept %s, %s", c->dev,
+           failed ? "failed" : "SUCCEEDED", warned ? "said why" : "NO WARN");
+    CHECK(failed && warned);
+    CHECK(net_close_listen(&n, lc) == 0); /* the listener's channel goes now */
+    net_close(&n); /* finalize: the failed comm's teardown has run when this returns */
+    return 0;
+}
+
+static int migrate_fails_send(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct netapi n;
+    void *comm = NULL;
+    char handle[NCCL_NET_HANDLE_MAXSIZE];
+    CHECK(net_open(&n, c->version, c->dev) == 0);
+    CHECK(duo_recv(d, handle, sizeof(handle)) == 0);
+    int rc = net_connect(&n, handle, &comm, TMO); /* the receiver gave up: this fails */
+    if (rc == 0) CHECK(net_close_send(&n, comm) == 0);
+    figure("sender's connect to it: %s", rc ? "failed" : "connected");
+    net_close(&n);
+    return 0;
+}
+
 /* ------------------------------------------------------------ scenario: resource hygiene */
 struct usage {
     int fds;
@@ -2524,6 +2570,8 @@ static const struct scenario scenarios[] = {
      flush_listener_send, "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
     {"input/flush_loopback_port_taken", RUN_DUO, flush_port_taken_recv, flush_listener_send,
      "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_ERDMA_FORCE_FLUSH=1"},
+    {"input/rdmacm_migrate_fails", RUN_DUO, migrate_fails_recv, migrate_fails_send,
+     "NCCL_ERDMA_CONNECT_MODE=rdmacm;NCCL_IB_QPS_PER_CONNECTION=2"},
     {"input/regmr_unmapped", RUN_SOLO, regmr_bad_main, NULL, NULL},
     {"input/memlock_too_low", RUN_SOLO, memlock_main, NULL, NULL},
     {"hygiene/connect_transfer_close_cycles", RUN_DUO, cycles_recv, cycles_send, NULL},
