@@ -77,7 +77,9 @@ MEM=${RDMA_VM_MEM:-2G}
 SMP=${RDMA_VM_SMP:-2}
 VM_TIMEOUT=${RDMA_VM_TIMEOUT:-3000}
 BOOT_TIMEOUT=${RDMA_VM_BOOT_TIMEOUT:-300}
-case $BOOT_TIMEOUT in ''|*[!0-9]*|0) die "RDMA_VM_BOOT_TIMEOUT=$BOOT_TIMEOUT: give whole seconds, at least 1" ;; esac
+case $BOOT_TIMEOUT in ''|*[!0-9]*) die "RDMA_VM_BOOT_TIMEOUT=$BOOT_TIMEOUT: give whole seconds, at least 1" ;; esac
+BOOT_TIMEOUT=$((10#$BOOT_TIMEOUT))
+[ "$BOOT_TIMEOUT" -ge 1 ] || die "RDMA_VM_BOOT_TIMEOUT=${RDMA_VM_BOOT_TIMEOUT:-}: give whole seconds, at least 1"
 CPU=${RDMA_VM_CPU:-max}
 SIW_NETDEV=${RDMA_VM_SIW_NETDEV:-eth1}
 NO_SIW=${RDMA_VM_NO_SIW:-0}
@@ -431,19 +433,25 @@ timeout -k 10 "$VM_TIMEOUT" qemu-system-x86_64 "${QEMU_ARGS[@]}" </dev/null 2> "
 QPID=$!
 # Boot watchdog: a guest that hangs before the command starts (seen once, cause unknown)
 # would otherwise hold the run until VM_TIMEOUT (50 min) and say nothing. The guest's
-# /init logs "setup done" on the console right before it runs the command.
-(
-  n=0
-  while [ $n -lt "$BOOT_TIMEOUT" ]; do
-    sleep 1; n=$((n + 1))
-    grep -q 'setup done, running command' "$RUN/console.log" 2>/dev/null && exit 0
-    kill -0 "$QPID" 2>/dev/null || exit 0
-  done
-  : > "$RUN/boot-hung"
-  kill "$QPID" 2>/dev/null
-) & WATCH=$!
+# /init logs "setup done" on the console (ttyS0, the file console.log) right before it runs
+# the command: a caller that moves the console elsewhere gets no watchdog.
+WATCH_BOOT=1
+case "${RDMA_VM_APPEND:-} ${RDMA_VM_QEMU_EXTRA:-}" in *console=*|*-serial*) WATCH_BOOT=0 ;; esac
+if [ $WATCH_BOOT = 1 ]; then
+  (
+    n=0
+    while [ $n -lt "$BOOT_TIMEOUT" ]; do
+      sleep 1; n=$((n + 1))
+      grep -q 'setup done, running command' "$RUN/console.log" 2>/dev/null && exit 0
+      kill -0 "$QPID" 2>/dev/null || exit 0
+    done
+    : > "$RUN/boot-hung"
+    kill "$QPID" 2>/dev/null
+  ) & WATCH=$!
+fi
 wait "$QPID"; QRC=$?
-kill "$WATCH" 2>/dev/null || true; wait "$WATCH" 2>/dev/null || true; WATCH=
+if [ -n "$WATCH" ]; then kill "$WATCH" 2>/dev/null || true; wait "$WATCH" 2>/dev/null || true; fi
+WATCH=
 set -e
 QPID=
 grep -v 'is not connected to host network' "$RUN/qemu.err" >&2 || true
@@ -452,12 +460,12 @@ wait "$CAT2" 2>/dev/null || true; CAT2=
 [ -n "$CONSOLE_TAIL" ] && { sleep 0.3; kill "$CONSOLE_TAIL" 2>/dev/null || true; CONSOLE_TAIL=; }
 T_END=$(date +%s.%N)
 
-if [ -f "$RUN/boot-hung" ]; then
+if [ -f "$RUN/rc" ]; then  # the command's own status, even if the watchdog fired late
+  RC=$(cat "$RUN/rc")
+elif [ -f "$RUN/boot-hung" ]; then
   say "the guest did not reach the command within ${BOOT_TIMEOUT}s (hung in boot or setup;" \
       "RDMA_VM_BOOT_TIMEOUT sets the limit): VM stopped"
   RC=125
-elif [ -f "$RUN/rc" ]; then
-  RC=$(cat "$RUN/rc")
 elif [ "$QRC" = 124 ] || [ "$QRC" = 137 ]; then
   say "VM timed out after ${VM_TIMEOUT}s"; RC=124
 else
