@@ -127,7 +127,7 @@ int mr_cache_get(struct mr_cache *c, void *data, size_t size, int type, struct e
     errno = 0;
     m->mr = vb.reg_mr(c->dev->pd, (void *)base, end - base, MR_ACCESS);
     if (!m->mr) {
-        int err = errno ? errno : ENOMEM;
+        int err = errno ? errno : EIO; /* not a guess at "out of memory" */
         free(m);
         warn_reg_failure(c, data, size, type, err);
         return -err;

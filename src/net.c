@@ -253,7 +253,7 @@ int erdma_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) 
              "memory is provided otherwise",
              dev->name,
              dev->dmabuf ? "without peer memory (no nvidia_peermem): this device takes GPU "
-                           "memory only as a dma-buf (regMrDmaBuf)"
+                           "memory only as a dma-buf (regMrDmaBuf with its descriptor)"
                          : "but GPU Direct RDMA is off (no nvidia_peermem)");
         return -EINVAL;
     }

@@ -185,7 +185,9 @@ static int conn_fail(struct conn *c, int err) {
 static void report_wc_error(struct conn *c, const struct ibv_wc *wc) {
     if (c->error) return;
     enum wr_kind k = wr_kind_of(wc->wr_id);
-    if (k == WR_FLUSH) { /* our NIC reading from itself: no peer is involved */
+    /* our NIC reading from itself, no peer involved (a flushed one only follows an earlier
+     * failure, which the port-down or fatal-error hints name) */
+    if (k == WR_FLUSH && wc->status != IBV_WC_WR_FLUSH_ERR) {
         WARN("%s: the GPU flush (an RDMA read through the NIC's loopback, from this node to "
              "itself) failed after data from %s arrived: %s (status %d, vendor error 0x%x). "
              "Hint: %s does not carry loopback reads: check the RDMA driver's messages (dmesg) "

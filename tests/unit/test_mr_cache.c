@@ -264,7 +264,7 @@ static void test_dmabuf_only_device(void **state) {
     void *mh = NULL;
     unit_log_count = 0;
     assert_int_equal(erdma_reg_mr(s, buf, 8192, NCCL_PTR_CUDA, &mh), -EINVAL);
-    assert_logged(NCCL_LOG_WARN, "fake0", "only as a dma-buf (regMrDmaBuf)");
+    assert_logged(NCCL_LOG_WARN, "fake0", "only as a dma-buf (regMrDmaBuf with its descriptor)");
     /* a closed descriptor: said as GPU dma-buf memory, with no memlock advice (the exporter
      * pins it; the locked-memory limit does not apply) */
     unit_log_count = 0;
@@ -279,7 +279,7 @@ static void test_dmabuf_only_device(void **state) {
     /* no descriptor (-1) is a plain registration, as in net_ib: here GPU memory needs one */
     unit_log_count = 0;
     assert_int_equal(erdma_reg_mr_dmabuf(s, buf, 8192, NCCL_PTR_CUDA, 0, -1, &mh), -EINVAL);
-    assert_logged(NCCL_LOG_WARN, "fake0", "only as a dma-buf (regMrDmaBuf)");
+    assert_logged(NCCL_LOG_WARN, "fake0", "only as a dma-buf (regMrDmaBuf with its descriptor)");
     assert_int_equal(erdma_close_send(s), 0);
     assert_int_equal(erdma_close_recv(r), 0);
     free(buf);
