@@ -890,7 +890,13 @@ static int accept_candidates(struct listen_comm *lc) {
         int rc = oob_accept(lc->fd, &fd, &peer);
         if (rc < 0) return rc;
         if (rc == 0) break;
-        if (rc == 2) continue; /* a client gone before we took it (counts against this call) */
+        if (rc == 2) { /* a client gone before we took it (counts against this call) */
+            INFO(NCCL_NET,
+                 "%s: a client of the listening socket failed before it was accepted "
+                 "(%s): skipped",
+                 lc->base.dev->name, strerror(errno)); /* errno: accept4's, just returned */
+            continue;
+        }
         struct accept_state *as = calloc(1, sizeof(*as));
         if (!as) {
             close(fd);

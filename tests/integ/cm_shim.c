@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <rdma/rdma_cma.h>
@@ -83,10 +84,22 @@ FORWARD(const char *, rdma_event_str, (enum rdma_cm_event_type ev), (ev))
  * when the id is destroyed. Such a destroy is reported and aborts the process. */
 static struct rdma_event_channel *dead_channels[64];
 static int ndead;
+static pthread_mutex_t dead_lock = PTHREAD_MUTEX_INITIALIZER; /* the reaper destroys too */
 
 static void channel_forget(struct rdma_event_channel *ch) {
+    pthread_mutex_lock(&dead_lock);
     for (int i = 0; i < ndead; i++)
         if (dead_channels[i] == ch) dead_channels[i] = dead_channels[--ndead];
+    pthread_mutex_unlock(&dead_lock);
+}
+
+static bool channel_dead(struct rdma_event_channel *ch) {
+    bool dead = false;
+    pthread_mutex_lock(&dead_lock);
+    for (int i = 0; i < ndead; i++)
+        dead |= dead_channels[i] == ch;
+    pthread_mutex_unlock(&dead_lock);
+    return dead;
 }
 
 struct rdma_event_channel *rdma_create_event_channel(void) {
@@ -102,8 +115,10 @@ void rdma_destroy_event_channel(struct rdma_event_channel *ch) {
     static void (*f)(struct rdma_event_channel *);
     maybe_die("rdma_destroy_event_channel");
     if (!f) *(void **)&f = real("rdma_destroy_event_channel");
+    pthread_mutex_lock(&dead_lock);
     if (ch && ndead < (int)(sizeof(dead_channels) / sizeof(dead_channels[0])))
         dead_channels[ndead++] = ch;
+    pthread_mutex_unlock(&dead_lock);
     f(ch);
 }
 
@@ -111,14 +126,12 @@ int rdma_destroy_id(struct rdma_cm_id *id) {
     static int (*f)(struct rdma_cm_id *);
     maybe_die("rdma_destroy_id");
     if (!f) *(void **)&f = real("rdma_destroy_id");
-    for (int i = 0; id && i < ndead; i++) {
-        if (dead_channels[i] == id->channel) {
-            fprintf(stderr,
-                    "cm_shim: rdma_destroy_id of an id whose event channel %p was "
-                    "destroyed before it (use after free)\n",
-                    (void *)id->channel);
-            abort();
-        }
+    if (id && channel_dead(id->channel)) {
+        fprintf(stderr,
+                "cm_shim: rdma_destroy_id of an id whose event channel %p was destroyed "
+                "before it (use after free)\n",
+                (void *)id->channel);
+        abort();
     }
     return f(id);
 }

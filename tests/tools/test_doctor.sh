@@ -140,6 +140,8 @@ nccl)
     # pip's nvidia-nccl (PyTorch's wheels load it) comes before the loader's cache
     pip=$FX/renamed/usr/local/lib/python3.10/dist-packages/nvidia/nccl/lib/libnccl.so.2
     expect ok-pip 0 "[OK  ] nccl: NCCL 2.27.7 ($pip) will load ncclNetPlugin_v10" -- --only nccl --ldconfig "$ld" $(tree renamed)
+    # ... and a loader's NCCL of another version (2.18.5 here) is named beside it
+    expect warn-two-nccls 0 "[WARN] nccl two NCCLs: pip's nvidia-nccl is NCCL 2.27.7 ($pip, which PyTorch loads); the loader's is NCCL 2.18.5 ($FX/node-fail/lib/libnccl.so.2" -- --only nccl --ldconfig "$ld" $(tree renamed)
     rm -f "$ld"
     expect warn-not-found 0 "[WARN] nccl: libnccl.so.2 not found" -- --only nccl --ldconfig /dev/null $(tree empty)
     ;;
