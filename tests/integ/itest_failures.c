@@ -347,6 +347,19 @@ static int death_sr_idle_recv(struct duo *d, void *arg) {
  * from the handle's hand-over, so it holds the victim's own handshake up to its death: 0.1 s
  * idle, up to 1.5 s with the host's two cores busy. */
 #define HANDSHAKE_DEATH_LIMIT 10.0
+/* Makes the plugin load librdmacm through tests/integ/cm_shim.c (ITEST_CM_SHIM, set by CMake:
+ * a case that needs it cannot run without it) and returns the test's own handle to the shim,
+ * for its controls; NULL when it cannot. */
+static void *cm_shim_load(void) {
+    const char *path = getenv("ITEST_CM_SHIM");
+    if (!path) {
+        fprintf(stderr, "ITEST_CM_SHIM is not set\n");
+        return NULL;
+    }
+    setenv("NCCL_ERDMA_RDMACM_LIB", path, 1);
+    return dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+}
+
 static int cm_victim_env(const char *die_in) {
     const char *path = getenv("ITEST_CM_SHIM");
     CHECK(path != NULL); /* set by CMake: the case cannot run without it */
@@ -1950,10 +1963,7 @@ static int flush_stranger_recv_inner(struct duo *d, const struct cfg *c, struct 
 }
 
 static int flush_stranger_recv_from(struct duo *d, void *arg, bool local) {
-    const char *path = getenv("ITEST_CM_SHIM");
-    CHECK(path != NULL); /* set by CMake: the case cannot run without it */
-    setenv("NCCL_ERDMA_RDMACM_LIB", path, 1);
-    void *shim = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    void *shim = cm_shim_load();
     CHECK(shim != NULL);
     struct stranger st = {0};
     return flush_stranger_recv_inner(d, arg, &st, shim, local);
@@ -1974,10 +1984,7 @@ static int flush_local_stranger_recv(struct duo *d, void *arg) {
  * and the sender's connect do, and the loopback must then flush. */
 static int flush_port_taken_recv(struct duo *d, void *arg) {
     const struct cfg *c = arg;
-    const char *path = getenv("ITEST_CM_SHIM");
-    CHECK(path != NULL); /* set by CMake: the case cannot run without it */
-    setenv("NCCL_ERDMA_RDMACM_LIB", path, 1);
-    void *shim = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    void *shim = cm_shim_load();
     CHECK(shim != NULL);
     void (*port_taken)(int, int) = (void (*)(int, int))dlsym(shim, "cm_shim_port_taken");
     int (*left)(void) = (int (*)(void))dlsym(shim, "cm_shim_port_taken_left");
@@ -2009,10 +2016,7 @@ static int flush_port_taken_recv(struct duo *d, void *arg) {
  * channel: a use after free in librdmacm, which the shim turns into an abort. */
 static int migrate_fails_recv(struct duo *d, void *arg) {
     const struct cfg *c = arg;
-    const char *path = getenv("ITEST_CM_SHIM");
-    CHECK(path != NULL); /* set by CMake: the case cannot run without it */
-    setenv("NCCL_ERDMA_RDMACM_LIB", path, 1);
-    void *shim = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    void *shim = cm_shim_load();
     CHECK(shim != NULL);
     void (*migrate_fails)(int) = (void (*)(int))dlsym(shim, "cm_shim_migrate_fails");
     CHECK(migrate_fails != NULL);
