@@ -11,6 +11,7 @@
 #include "conn.h"
 #include "device.h"
 #include "fake_verbs.h"
+#include "params.h"
 #include "mr_cache.h"
 #include "net.h"
 #include "unit_log.h"
@@ -938,6 +939,39 @@ static void test_flush_target_takes_iwarp_reads(void **state) {
     close_pair(&p);
 }
 
+/* What NCCL reads as "nothing to flush": an iflush whose receives all have size 0 gives a NULL
+ * request (NCCL treats NULL as done) and posts no read; and NCCL_GDR_FLUSH_DISABLE=1 builds no
+ * loopback on a GPU Direct device, where NCCL_ERDMA_FORCE_FLUSH=1 still builds it. */
+static void test_flush_not_wanted(void **state) {
+    struct erdma_device *d = device_get(0);
+    d->gdr = true; /* as with peer memory */
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    assert_true(p.rc->flush_ready);
+    char *buf = calloc(1, 4096);
+    void *mh = reg(p.rc, buf, 4096), *req = (void *)1, *data[2] = {buf, buf}, *mhs[2] = {mh, mh};
+    int sizes[2] = {0, 0};
+    assert_int_equal(erdma_iflush(p.rc, 2, data, sizes, mhs, &req), 0);
+    assert_null(req);
+    erdma_dereg_mr(p.rc, mh);
+    free(buf);
+    close_pair(&p);
+    setenv("NCCL_GDR_FLUSH_DISABLE", "1", 1);
+    params_load();
+    connect_pair(&p, 0, 0);
+    assert_false(p.rc->flush_ready);
+    close_pair(&p);
+    setenv("NCCL_ERDMA_FORCE_FLUSH", "1", 1);
+    params_load();
+    connect_pair(&p, 0, 0);
+    assert_true(p.rc->flush_ready);
+    close_pair(&p);
+    unsetenv("NCCL_GDR_FLUSH_DISABLE");
+    unsetenv("NCCL_ERDMA_FORCE_FLUSH");
+    params_load();
+    d->gdr = false;
+}
+
 /* A flush whose read fails is this node's trouble, not the peer's: the read goes from the NIC
  * to itself (a loopback QP pair), after the data has arrived. The WARN must say so and point
  * at the loopback, not name the sender with "the peer stopped acknowledging: it died", and
@@ -1341,6 +1375,7 @@ int main(void) {
                                         teardown_env),
         cmocka_unit_test_setup_teardown(test_flush_target_takes_iwarp_reads, setup_read_sink_rw,
                                         teardown_env),
+        cmocka_unit_test_setup_teardown(test_flush_not_wanted, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_gpu_payload_never_inline, setup_gdr, teardown_env),
         cmocka_unit_test_setup_teardown(test_rr_seq_wrap, setup_rr3_send, teardown_env),
         cmocka_unit_test_setup_teardown(test_rr_no_wrap, setup_rr3, teardown_env),
