@@ -27,6 +27,7 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int net_version; /* the newest table's version NCCL has called init on */
 
 void erdma_set_net_version(int version) {
+    if (erdma_forked) return; /* init refuses next; see on_fork_child */
     pthread_mutex_lock(&init_lock);
     if (version > net_version) net_version = version;
     pthread_mutex_unlock(&init_lock);
@@ -38,12 +39,23 @@ static bool release_deferred; /* the last finalize came while some were open */
 
 /* ------------------------------------------------------------ fork */
 bool erdma_forked;
+static bool forked_mid_change; /* init_lock was held at the fork: see on_fork_child */
 
-/* Runs in the child only, single-threaded (no lock: a fork while another thread held
- * init_lock leaves it locked for ever in the child). A child forked with no devices open
- * and no init in force may init its own. */
+/* Runs in the child only, single-threaded. A child forked with no devices open and no init in
+ * force may init its own. One forked while another thread held init_lock (in init, or in a
+ * finalize releasing the devices) inherits that lock locked for ever and the devices half
+ * opened or half released: it is refused every call, as a child of an initialised parent is,
+ * and no call takes the lock. (Waiting for the lock in a prepare handler instead deadlocks:
+ * fork holds glibc's atfork lock while the handlers run, and the finalize's dlclose of
+ * libibverbs takes that lock to drop the library's handlers.) */
 static void on_fork_child(void) {
+    if (pthread_mutex_trylock(&init_lock) != 0) {
+        forked_mid_change = true;
+        erdma_forked = true;
+        return;
+    }
     if (init_refs > 0 || devices_count() > 0) erdma_forked = true;
+    pthread_mutex_unlock(&init_lock);
 }
 
 __attribute__((constructor)) static void erdma_load(void) {
@@ -52,7 +64,15 @@ __attribute__((constructor)) static void erdma_load(void) {
 
 int erdma_forked_refuse(const char *call) {
     static bool said;
-    if (!__atomic_exchange_n(&said, true, __ATOMIC_RELAXED))
+    if (__atomic_exchange_n(&said, true, __ATOMIC_RELAXED)) return -ENOTSUP;
+    if (forked_mid_change)
+        WARN("%s called in a process forked (pid %ld) while another thread of its parent was "
+             "opening or releasing the eRDMA devices (NCCL init or finalize): their state here "
+             "is half made, so the plugin refuses every call. Fix: fork the workers before "
+             "NCCL starts or after every communicator is destroyed, or start them with the "
+             "spawn method (Python: multiprocessing.set_start_method(\"spawn\"))",
+             call, (long)getpid());
+    else
         WARN("%s called in a process forked (pid %ld) from the one that opened the eRDMA devices "
              "(pid %ld): the devices, queues and connections are the parent's, so the plugin "
              "refuses every call here. Fix: initialise NCCL after the fork, in the worker "

@@ -15,17 +15,21 @@
 #include "reap.h"
 #include "sysfs.h"
 #include "unit_log.h"
+#include "verbs.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -444,6 +448,80 @@ static void test_failed_listen_keeps_object_count(void **state) {
     assert_int_equal(fake_verbs_uninstall(), 0);
 }
 
+/* A fork while another thread's finalize releases the devices (holding init_lock): the child
+ * inherits the lock locked for ever, and its init (set_net_version, then init, as every table's
+ * init calls them) waited on it for ever. It must refuse at once, saying why. */
+static pthread_mutex_t close_gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t close_gate_cond = PTHREAD_COND_INITIALIZER;
+static bool close_gate_entered, close_gate_open;
+static int (*real_close_device)(struct ibv_context *ctx);
+
+static int gated_close_device(struct ibv_context *ctx) {
+    pthread_mutex_lock(&close_gate_lock);
+    close_gate_entered = true;
+    pthread_cond_broadcast(&close_gate_cond);
+    while (!close_gate_open)
+        pthread_cond_wait(&close_gate_cond, &close_gate_lock);
+    pthread_mutex_unlock(&close_gate_lock);
+    return real_close_device(ctx);
+}
+
+static void *finalize_thread(void *arg) {
+    erdma_finalize();
+    return NULL;
+}
+
+static int child_init_after_fork(void) {
+    unit_log_count = 0;
+    erdma_set_net_version(11);
+    if (erdma_init(unit_log_sink, NULL) != -ENOTSUP) return 1;
+    if (!UNIT_LOG_HAS(NCCL_LOG_WARN, "init", "releasing the eRDMA devices", "spawn")) return 2;
+    erdma_finalize(); /* a no-op here: it must not wait on the lock either */
+    return 0;
+}
+
+static void test_fork_during_finalize_refuses_not_hangs(void **state) {
+    for (int id = 0; id < PARAM_COUNT; id++)
+        unsetenv(param_name(id));
+    sysfs_set_root("/nonexistent-erdma-fake-sysfs");
+    fake_verbs_install(1, NULL);
+    real_close_device = vb.close_device;
+    vb.close_device = gated_close_device;
+    close_gate_entered = close_gate_open = false;
+    unit_log_start();
+    assert_int_equal(erdma_init(unit_log_sink, NULL), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, finalize_thread, NULL), 0);
+    pthread_mutex_lock(&close_gate_lock);
+    while (!close_gate_entered)
+        pthread_cond_wait(&close_gate_cond, &close_gate_lock);
+    pthread_mutex_unlock(&close_gate_lock);
+
+    pid_t pid = fork(); /* the finalize holds init_lock, inside close_device */
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(child_init_after_fork());
+    int status = 0;
+    pid_t w = 0;
+    for (int i = 0; i < 1000 && !w; i++, usleep(10000)) /* 10 s */
+        w = waitpid(pid, &status, WNOHANG);
+    if (!w) { /* hung */
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    pthread_mutex_lock(&close_gate_lock);
+    close_gate_open = true;
+    pthread_cond_broadcast(&close_gate_cond);
+    pthread_mutex_unlock(&close_gate_lock);
+    pthread_join(t, NULL);
+    assert_int_equal(devices_count(), 0);
+    sysfs_set_root(NULL);
+    erdma_log_set(NULL);
+    assert_int_equal(fake_verbs_uninstall(), 0);
+    assert_int_equal(w, pid); /* 0: the child hung */
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* Closing a comm with a request in flight ends that request's profiler events (v10+): the
  * close cleared the comm's kind first, and the events were then left open. */
 static int prof_starts, prof_stops, prof_token;
@@ -759,6 +837,7 @@ int main(void) {
                                         teardown),
         cmocka_unit_test_setup_teardown(test_probe_burst_behind_real_peer, setup, teardown),
         cmocka_unit_test(test_failed_listen_keeps_object_count),
+        cmocka_unit_test(test_fork_during_finalize_refuses_not_hangs),
         cmocka_unit_test_setup_teardown(test_close_stops_profiler_events, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rdmacm_connects_to_the_listeners_address, setup,
                                         teardown),
