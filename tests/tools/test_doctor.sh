@@ -10,7 +10,7 @@ SRC=$(cd "$HERE/../.." && pwd)
 DOCTOR=${DOCTOR:-$SRC/tools/nccl-erdma-doctor}
 FX=$SRC/tests/fixtures/doctor
 [ -x "$DOCTOR" ] || { echo "FAIL: $DOCTOR is not executable"; exit 1; }
-unset NCCL_PROTO NCCL_ERDMA_MTU_GUARD NCCL_HOME
+unset NCCL_PROTO NCCL_ERDMA_MTU_GUARD NCCL_HOME NCCL_IB_HCA NCCL_IB_GID_INDEX NCCL_IB_ADDR_FAMILY NCCL_IB_ROCE_VERSION_NUM
 
 pass=0 fail=0
 # expect NAME RC PATTERN -- ARGS... : the doctor exits RC and prints a line containing PATTERN
@@ -59,6 +59,14 @@ devices)
     expect fail-down 1 "[FAIL] devices: no ACTIVE port: erdma_0:1(DOWN) erdma_1:1(DOWN)" -- --only devices $(tree node-fail)
     expect fail-none 1 "[FAIL] devices: no RDMA device" -- --only devices $(tree empty)
     expect fail-has-fix 1 "fix: on a node: install and load the eRDMA driver" -- --only devices $(tree empty)
+    # NCCL_IB_HCA: only the ports the plugin would open count, in NCCL's syntax
+    NCCL_IB_HCA=erdma_0 expect hca-leaves-out-down 0 "[OK  ] devices: 1 port(s) ACTIVE: erdma_0:1; NCCL_IB_HCA=erdma_0 leaves out erdma_1:1" -- --only devices $(tree node-warn)
+    NCCL_IB_HCA=^erdma_1 expect hca-excludes-down 0 "[OK  ] devices: 1 port(s) ACTIVE: erdma_0:1; NCCL_IB_HCA=^erdma_1 leaves out erdma_1:1" -- --only devices $(tree node-warn)
+    NCCL_IB_HCA=erdma_1:1:0:0 expect hca-rail-plane 0 "[OK  ] devices: 1 port(s) ACTIVE: erdma_1:1; NCCL_IB_HCA=erdma_1:1:0:0 leaves out erdma_0:1" -- --only devices $(tree node-ok)
+    NCCL_IB_HCA="=erdma" expect hca-exact-none 1 "[FAIL] devices: NCCL_IB_HCA=\"=erdma\" selects no ACTIVE port (none selected; left out: erdma_0:1 erdma_1:1)" -- --only devices $(tree node-ok)
+    NCCL_IB_HCA=erdma_1 expect hca-selected-down 1 "[FAIL] devices: NCCL_IB_HCA=\"erdma_1\" selects no ACTIVE port (erdma_1:1(DOWN); left out: erdma_0:1)" -- --only devices $(tree node-warn)
+    NCCL_IB_HCA=erdma_0:x expect hca-malformed 1 "[FAIL] devices: NCCL_IB_HCA=\"erdma_0:x\" is malformed (entry \"erdma_0:x\" has an invalid port" -- --only devices $(tree node-ok)
+    NCCL_IB_HCA=erdma_0:1:0:0:0 expect hca-too-many-fields 1 "has more than dev:port:rail:plane" -- --only devices $(tree node-ok)
     ;;
 devnodes)
     expect ok 0 "[OK  ] devnodes: uverbs0 uverbs1 and rdma_cm accessible" -- --only devnodes $(tree node-ok)
@@ -74,6 +82,13 @@ gid)
     expect fail-roce-v1 1 "[FAIL] gid erdma_1: port 1 GID index 1 = ::ffff:10.0.1.1 is 'IB/RoCE v1'" -- --only gid $(tree node-fail)
     expect fail-iwarp-no-rdma_cm 1 "[FAIL] gid siw0: iWARP device (node_type RNIC) but" -- --only gid --sysfs-root "$FX/iwarp" --dev-root "$FX/node-warn/dev"
     expect skip-no-device 0 "[SKIP] gid: no RDMA device" -- --only gid $(tree empty)
+    # the index the plugin takes (src/gid.c): NCCL_IB_GID_INDEX if usable, else 1, else the first
+    NCCL_IB_HCA=erdma_0 expect warn-gid-moved 0 "[WARN] gid erdma_0: port 1: GID index 1 is 'IB/RoCE v1', not RoCE v2; the plugin uses GID index 2 = ::ffff:10.0.0.1 (RoCE v2) instead" -- --only gid $(tree gid-moved)
+    NCCL_IB_HCA=erdma_0 NCCL_IB_GID_INDEX=2 expect ok-gid-index-set 0 "[OK  ] gid erdma_0: port 1 GID index 2 = ::ffff:10.0.0.1 (RoCE v2)" -- --only gid $(tree gid-moved)
+    NCCL_IB_HCA=erdma_0 NCCL_IB_GID_INDEX=3 expect warn-gid-index-falls-back 0 "[WARN] gid erdma_0: port 1: GID index 3 is 'IB/RoCE v1', not RoCE v2; the plugin uses GID index 2" -- --only gid $(tree gid-moved)
+    NCCL_IB_HCA=erdma_0 NCCL_IB_GID_INDEX=9 expect fail-gid-index-beyond 1 "[FAIL] gid erdma_0: port 1: NCCL_IB_GID_INDEX=9, but GID index 9 is beyond the GID table (2 entries), and no other GID is usable" -- --only gid $(tree node-fail)
+    NCCL_IB_HCA=^erdma_0 expect fail-gid-other-device 1 "[FAIL] gid erdma_1: GID index 1 is '0000:0000:0000:0000:0000:0000:0000:0000'" -- --only gid $(tree gid-moved)
+    NCCL_IB_HCA="=erdma" expect skip-gid-none-selected 0 "[SKIP] gid: NCCL_IB_HCA=\"=erdma\" selects no RDMA port" -- --only gid $(tree node-ok)
     ;;
 mtu)
     expect ok-8500 0 "[OK  ] mtu eth0: MTU 8500 (device erdma_0) is safe for LL128" -- --only mtu $(tree node-ok)
