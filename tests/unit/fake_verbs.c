@@ -18,7 +18,9 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define FAKE_MAX_MRS    4096
@@ -832,6 +834,17 @@ int fake_env_stop(void) {
     devices_release();
     sysfs_set_root(NULL);
     return fake_verbs_uninstall();
+}
+
+int fake_wait_child(int pid, int seconds, int *status) {
+    pid_t w = 0;
+    for (int i = 0; i < seconds * 100 && !w; i++, usleep(10000))
+        w = waitpid(pid, status, WNOHANG);
+    if (!w) {
+        kill(pid, SIGKILL);
+        waitpid(pid, status, 0);
+    }
+    return w;
 }
 
 int fake_pair_connect(int send_dev, int recv_dev, void **send_comm, void **recv_comm) {

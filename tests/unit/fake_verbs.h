@@ -44,6 +44,10 @@ int fake_env_start(int ndev, const struct fake_dev_cfg *cfg, const char *const *
 /* Releases the devices and uninstalls; returns leaked objects (0 is good). */
 int fake_env_stop(void);
 
+/* Waits up to seconds for child pid to exit: pid with its waitpid status, or 0 when it was
+ * still running (a hang: it is then killed and reaped). */
+int fake_wait_child(int pid, int seconds, int *status);
+
 /* Connects a send comm on send_dev to a recv comm on recv_dev through listen/connect/
  * accept, stepping both until done (bounded). 0, or the first -errno. */
 int fake_pair_connect(int send_dev, int recv_dev, void **send_comm, void **recv_comm);

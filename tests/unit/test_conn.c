@@ -22,7 +22,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -501,13 +500,7 @@ static void test_fork_during_finalize_refuses_not_hangs(void **state) {
     assert_true(pid >= 0);
     if (pid == 0) _exit(child_init_after_fork());
     int status = 0;
-    pid_t w = 0;
-    for (int i = 0; i < 1000 && !w; i++, usleep(10000)) /* 10 s */
-        w = waitpid(pid, &status, WNOHANG);
-    if (!w) { /* hung */
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-    }
+    pid_t w = fake_wait_child(pid, 10, &status);
     pthread_mutex_lock(&close_gate_lock);
     close_gate_open = true;
     pthread_cond_broadcast(&close_gate_cond);

@@ -1207,13 +1207,7 @@ static void test_forked_child_leaves_parent_alone(void **state) {
     assert_true(pid >= 0);
     if (pid == 0) _exit(forked_child_calls(&p, src, dst, smh, rmh, rreq));
     int status = 0;
-    pid_t w = 0;
-    for (int i = 0; i < 1000 && !w; i++, usleep(10000)) /* 10 s */
-        w = waitpid(pid, &status, WNOHANG);
-    if (!w) { /* hung */
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-    }
+    pid_t w = fake_wait_child(pid, 10, &status);
     assert_int_equal(w, pid);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
