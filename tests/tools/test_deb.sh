@@ -24,6 +24,15 @@ echo "built $(basename "$deb")"
 depends=$(dpkg-deb -f "$deb" Depends)
 grep -q 'libibverbs1' <<<"$depends"
 grep -q 'librdmacm1' <<<"$depends"
+# the C library the plugin was linked against: dpkg must refuse an image whose glibc is older
+# (NCCL's dlopen would fail there, and NCCL go on without the plugin)
+syms=$(objdump -T "$BUILD/src/libnccl-net-erdma.so")
+need=$(grep -o 'GLIBC_[0-9.]*' <<<"$syms" | sed 's/GLIBC_//' | sort -uV | tail -n1)
+libc=$(grep -o 'libc6 (>= [0-9.]*)' <<<"$depends") ||
+    { echo "FAIL: Depends '$depends' names no libc6 version; the plugin needs glibc $need"; exit 1; }
+dpkg --compare-versions "$(sed 's/libc6 (>= \(.*\))/\1/' <<<"$libc")" ge "$need" ||
+    { echo "FAIL: Depends has $libc, the plugin needs glibc $need"; exit 1; }
+echo "depends: $depends (the plugin's newest glibc symbol: $need)"
 contents=$(dpkg-deb -c "$deb")
 grep -q '\./usr/lib/libnccl-net-erdma\.so$' <<<"$contents"
 grep -q '\./usr/bin/nccl-erdma-doctor$' <<<"$contents"
