@@ -107,6 +107,10 @@ struct conn {
     size_t ctrl_len;
     struct ibv_mr *peer_mr; /* its head, the only part the peer may write (its key goes out) */
     uint64_t last_check_ns;
+    /* the stall watch (p2p.c): messages moved at its last look, since when the caller has
+     * waited with none moving, when it last looked, and whether this wait was WARNed */
+    uint64_t wait_mark, wait_since_ns, wait_seen_ns;
+    bool wait_warned;
     uint64_t peer_bye_ns; /* when the peer's goodbye was first seen; 0 before */
     struct ibv_wc peer_gone_wc;
     /* the device's port_downs when this connection was made (p2p.c's port_down_hint) */

@@ -18,6 +18,7 @@
 #include "mr_cache.h"
 #include "net.h"
 #include "oob.h"
+#include "params.h"
 #include "prof.h"
 #include "qp.h"
 
@@ -31,6 +32,7 @@
 #define LIVENESS_POLLS 256           /* empty polls between two looks at the clock */
 #define LIVENESS_NS    100000000ull  /* at most one health check per 100 ms */
 #define BYE_GRACE_NS   2000000000ull /* a closing peer's last data may still be on the way */
+#define STALL_IDLE_NS  5000000000ull /* a comm nobody waited on this long was idle, not stuck */
 
 enum wr_kind { WR_RECORD = 1, WR_CTS = 2, WR_RECV = 3, WR_FLUSH = 4, WR_WARMUP = 5 };
 
@@ -911,6 +913,61 @@ static __attribute__((noinline)) int port_down_outlasted(struct conn *c, uint64_
     return -ENETDOWN;
 }
 
+/* Whether a send of ours is posted and not yet complete (acknowledged). */
+static bool sends_in_flight(const struct send_comm *sc) {
+    for (int i = 0; i < ERDMA_SEND_REQS; i++)
+        if (sc->reqs[i].type == REQ_SEND && !sc->reqs[i].done) return true;
+    return false;
+}
+
+static __attribute__((cold, noinline)) void stall_warn(struct conn *c, uint64_t waited) {
+    const char *dev = c->base.dev->name;
+    long every = param_int(P_ERDMA_STALL_WARN);
+    if (c->base.kind == COMM_SEND && sends_in_flight((struct send_comm *)c))
+        WARN("%s: messages to %s have not been acknowledged for %.0f s: its NIC or the network "
+             "between does not deliver them (the QPs retry for %.1f s, NCCL_IB_TIMEOUT and "
+             "NCCL_IB_RETRY_CNT, then fail); check the link and that node",
+             dev, c->peer, waited / 1e9, qp_retry_window_ns() / 1e9);
+    else if (c->base.kind == COMM_SEND)
+        WARN("%s: for %.0f s the peer %s has posted no receive for our sends: that rank has not "
+             "reached this operation (hung, still busy elsewhere, or calling collectives in "
+             "another order); it is the rank the others wait for. Still waiting (said once per "
+             "wait after NCCL_ERDMA_STALL_WARN=%ld s; 0 never)",
+             dev, waited / 1e9, c->peer, every);
+    else
+        WARN("%s: for %.0f s no message has arrived from %s, whose receives are posted here: "
+             "that rank has not sent (it may be waiting on another rank itself: the one whose "
+             "senders say it posted no receive holds the job). Still waiting (said once per wait "
+             "after NCCL_ERDMA_STALL_WARN=%ld s; 0 never)",
+             dev, waited / 1e9, c->peer, every);
+}
+
+/* A caller that keeps waiting on this comm (an isend that finds no receive to match, a test
+ * of a request that does not complete) while no message moves for NCCL_ERDMA_STALL_WARN
+ * seconds: a hung job otherwise says nothing until NCCL's or the framework's timeout, and
+ * then not which peer it waits for. Said once per wait, and when messages move again. Runs
+ * with the health check, which only a caller that polls reaches (at most every 100 ms): a
+ * comm nobody waited on for STALL_IDLE_NS was idle, and its wait starts afresh. */
+static void stall_watch(struct conn *c, uint64_t t) {
+    uint64_t mark = c->stats.c.msgs_sent + c->stats.c.msgs_recv;
+    bool idle = t - c->wait_seen_ns > STALL_IDLE_NS;
+    c->wait_seen_ns = t;
+    if (mark != c->wait_mark || idle) {
+        if (c->wait_warned && !idle)
+            INFO(NCCL_NET, "%s: messages with %s move again, after %.0f s", c->base.dev->name,
+                 c->peer, (t - c->wait_since_ns) / 1e9);
+        c->wait_mark = mark;
+        c->wait_since_ns = t;
+        c->wait_warned = false;
+        return;
+    }
+    long limit = param_int(P_ERDMA_STALL_WARN);
+    if (c->wait_warned || limit == 0 || t - c->wait_since_ns < (uint64_t)limit * 1000000000ull)
+        return;
+    c->wait_warned = true;
+    stall_warn(c, t - c->wait_since_ns);
+}
+
 /* A dead peer closes its out-of-band socket (the kernel does it for a killed process) and,
  * with rdma_cm, disconnects: both show up long before RC retries run out (~30 s). */
 static int conn_check_health(struct conn *c) {
@@ -947,7 +1004,9 @@ static int conn_check_health(struct conn *c) {
     }
     if (ret) return 0;
     ret = cm_poll_disconnect(c);
-    return ret ? conn_fail(c, ret) : 0;
+    if (ret) return conn_fail(c, ret);
+    stall_watch(c, t);
+    return 0;
 }
 
 /* A completion that is not a success. A flushed receive means the peer's QP is gone: that

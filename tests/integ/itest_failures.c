@@ -846,6 +846,67 @@ static int close_unmatched_send(struct duo *d, void *arg) {
     return 0;
 }
 
+/* A wait with no message moving (NCCL_ERDMA_STALL_WARN=1 here): a sender whose peer posts no
+ * receive, then a receiver whose peer does not send, each WARNs once, naming the device and the
+ * peer, and the transfer goes on once the peer acts (no error: the plugin keeps waiting). */
+static int stall_recv(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct side s;
+    void *req;
+    int got = -1;
+    CHECK(recv_open(d, c, &s, SMALL) == 0);
+    CHECK(duo_barrier(d) == 0); /* the sender waits for a receive */
+    CHECK(duo_barrier(d) == 0); /* it has WARNed: now post it */
+    CHECK(post_recv(&s, SMALL, &req) == 0);
+    CHECK(net_wait(&s.n, req, &got, TMO) == 0 && got == SMALL);
+    log_reset();
+    CHECK(post_recv(&s, SMALL, &req) == 0);
+    double t0 = now_s();
+    while (!log_contains("no message has arrived from") && now_s() - t0 < 30) {
+        int done = 0;
+        CHECK(net_test(&s.n, req, &done, &got) == 0 && !done);
+    }
+    figure("receiver on %s: stall WARN after %.2f s (NCCL_ERDMA_STALL_WARN=1)", c->dev,
+           now_s() - t0);
+    if (!log_contains(s.ip) || !log_contains(c->dev)) fprintf(stderr, "%s", log_text());
+    CHECK(log_contains("no message has arrived from") && log_contains(s.ip));
+    CHECK(log_contains(c->dev));
+    CHECK(duo_barrier(d) == 0); /* now the sender sends */
+    CHECK(net_wait(&s.n, req, &got, TMO) == 0 && got == SMALL);
+    CHECK(pattern_check(s.buf, SMALL, 1) == -1);
+    CHECK(net_deregmr(&s.n, s.comm, s.mh) == 0);
+    CHECK(net_close_recv(&s.n, s.comm) == 0);
+    CHECK(net_close_listen(&s.n, s.lc) == 0);
+    net_close(&s.n);
+    return 0;
+}
+
+static int stall_send(struct duo *d, void *arg) {
+    const struct cfg *c = arg;
+    struct side s;
+    void *req = NULL;
+    CHECK(send_open(d, c, &s, SMALL) == 0);
+    CHECK(duo_barrier(d) == 0);
+    log_reset();
+    double t0 = now_s();
+    int rc = net_isend(&s.n, s.comm, s.buf, SMALL, 0, s.mh, &req, 3); /* none posted: 3 s */
+    figure("sender on %s: isend without a receive gave %d after %.2f s", c->dev, rc, now_s() - t0);
+    CHECK(rc == ncclSystemError && req == NULL); /* the harness's timeout: no request came */
+    if (!log_contains(s.ip) || !log_contains(c->dev)) fprintf(stderr, "%s", log_text());
+    CHECK(log_contains("has posted no receive for our sends") && log_contains(s.ip));
+    CHECK(log_contains(c->dev));
+    CHECK(duo_barrier(d) == 0);
+    CHECK(net_isend(&s.n, s.comm, s.buf, SMALL, 0, s.mh, &req, TMO) == 0);
+    CHECK(net_wait(&s.n, req, NULL, TMO) == 0);
+    CHECK(duo_barrier(d) == 0); /* the receiver has WARNed of this send's absence */
+    CHECK(net_isend(&s.n, s.comm, s.buf, SMALL, 0, s.mh, &req, TMO) == 0);
+    CHECK(net_wait(&s.n, req, NULL, TMO) == 0);
+    CHECK(net_deregmr(&s.n, s.comm, s.mh) == 0);
+    CHECK(net_close_send(&s.n, s.comm) == 0);
+    net_close(&s.n);
+    return 0;
+}
+
 /* connect() to a handle nobody listens on any more must fail after
  * NCCL_ERDMA_CONNECT_TIMEOUT (2 s here), naming the address. */
 static int try_dead_handle(struct netapi *n, const struct cfg *c, char *handle, const char *what) {
@@ -2556,6 +2617,8 @@ static const struct scenario scenarios[] = {
      NULL},
     {"close/peer_closes_with_receive_unmatched", RUN_DUO, close_unmatched_recv,
      close_unmatched_send, NULL},
+    {"stall/peer_posts_no_receive_then_sends_nothing", RUN_DUO, stall_recv, stall_send,
+     "NCCL_ERDMA_STALL_WARN=1"},
     {"close/latency_per_comm_rdmacm", RUN_DUO, close_lat_recv, close_lat_send,
      "NCCL_ERDMA_CONNECT_MODE=rdmacm"},
     {"startup/stale_handle_and_closed_port", RUN_SOLO, dead_handle_main, NULL,

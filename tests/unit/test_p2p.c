@@ -1166,6 +1166,122 @@ static int setup_rr3_send(void **state) {
     return start_one(env);
 }
 
+/* ---- a wait with no message moving (p2p.c stall_watch) ---- */
+
+static int setup_stall_1s(void **state) {
+    const char *env[] = {"NCCL_ERDMA_STALL_WARN=1", NULL};
+    return start_one(env);
+}
+
+static int setup_stall_off(void **state) {
+    const char *env[] = {"NCCL_ERDMA_STALL_WARN=0", NULL};
+    return start_one(env);
+}
+
+/* isend for ms milliseconds with no receive to match: each call gives no request. */
+static void spin_isend(struct pair *p, void *buf, void *mh, int ms) {
+    uint64_t end = now_ns() + (uint64_t)ms * 1000000ull;
+    while (now_ns() < end) {
+        void *req = (void *)1;
+        assert_int_equal(erdma_isend(p->sc, buf, 8, 1, mh, NULL, &req), 0);
+        assert_null(req);
+    }
+}
+
+/* test() for ms milliseconds on a request that must stay pending. */
+static void spin_test(void *req, int ms) {
+    uint64_t end = now_ns() + (uint64_t)ms * 1000000ull;
+    while (now_ns() < end) {
+        int done = 1;
+        assert_int_equal(erdma_test(req, &done, NULL), 0);
+        assert_int_equal(done, 0);
+    }
+}
+
+#define STALL_NO_RECEIVE "has posted no receive for our sends"
+#define STALL_NO_SEND    "no message has arrived from"
+#define STALL_NO_ACK     "have not been acknowledged"
+
+/* A sender whose peer posts no receive: one WARN naming the peer after the limit (not one a
+ * health check), then an INFO once messages move and the caller waits again. */
+static void test_stall_names_the_peer_once(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    char src[8] = "stalled", dst[8];
+    void *smh = reg(p.sc, src, 8), *rmh = reg(p.rc, dst, 8);
+    spin_isend(&p, src, smh, 600);
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE)); /* not before the limit */
+    spin_isend(&p, src, smh, 1900);
+    assert_logged(NCCL_LOG_WARN, "fake", STALL_NO_RECEIVE, p.sc->c.peer, "NCCL_ERDMA_STALL_WARN");
+    assert_int_equal(
+        unit_log_count_matching(NCCL_LOG_WARN, (const char *const[]){STALL_NO_RECEIVE, NULL}), 1);
+    void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL;
+    size_t sizes[1] = {8};
+    int tags[1] = {1};
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+    void *sreq = send_started(p.sc, src, 8, 1, smh);
+    assert_int_equal(wait_req(sreq, NULL), 1);
+    assert_int_equal(wait_req(rreq, NULL), 1);
+    spin_isend(&p, src, smh, 300); /* waiting again: the watch sees the message moved */
+    assert_logged(NCCL_LOG_INFO, "messages with", p.sc->c.peer, "move again");
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    close_pair(&p);
+}
+
+/* A receiver waiting for a send that does not come, and a sender whose posted message is not
+ * acknowledged (its completion held): each says which, naming the peer. */
+static void test_stall_receiver_and_unacknowledged(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    char src[8] = "held", dst[8];
+    void *smh = reg(p.sc, src, 8), *rmh = reg(p.rc, dst, 8);
+    void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL;
+    size_t sizes[1] = {8};
+    int tags[1] = {1};
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+    spin_test(rreq, 1600);
+    assert_logged(NCCL_LOG_WARN, STALL_NO_SEND, p.rc->c.peer);
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_ACK));
+    fake_cq_hold(p.sc->c.cq, true); /* the sender sees no completion: as no acknowledgement */
+    void *sreq = send_started(p.sc, src, 8, 1, smh);
+    spin_test(sreq, 1600);
+    assert_logged(NCCL_LOG_WARN, STALL_NO_ACK, p.sc->c.peer, "NCCL_IB_TIMEOUT");
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE));
+    fake_cq_hold(p.sc->c.cq, false);
+    assert_int_equal(wait_req(sreq, NULL), 1);
+    assert_int_equal(wait_req(rreq, NULL), 1);
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    close_pair(&p);
+}
+
+/* A comm nobody waited on for a while was idle, not stuck: its wait starts afresh. */
+static void test_stall_idle_is_no_wait(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    char src[8] = "idle";
+    void *smh = reg(p.sc, src, 8);
+    spin_isend(&p, src, smh, 600);
+    usleep(5500 * 1000);           /* longer than STALL_IDLE_NS */
+    spin_isend(&p, src, smh, 700); /* 1.3 s since the first wait began, 0.7 s of this one */
+    if (UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE)) unit_log_print();
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE));
+    erdma_dereg_mr(p.sc, smh);
+    close_pair(&p);
+}
+
+static void test_stall_warn_off(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    char src[8] = "off";
+    void *smh = reg(p.sc, src, 8);
+    spin_isend(&p, src, smh, 1600);
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE));
+    erdma_dereg_mr(p.sc, smh);
+    close_pair(&p);
+}
+
 /* ---- a child forked with comms open ---- */
 
 /* In the child: every call is refused or is a no-op, since its devices, queues and sockets are
@@ -1338,6 +1454,12 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_roundtrip, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_forked_child_leaves_parent_alone, setup_one,
                                         teardown_env),
+        cmocka_unit_test_setup_teardown(test_stall_names_the_peer_once, setup_stall_1s,
+                                        teardown_env),
+        cmocka_unit_test_setup_teardown(test_stall_receiver_and_unacknowledged, setup_stall_1s,
+                                        teardown_env),
+        cmocka_unit_test_setup_teardown(test_stall_idle_is_no_wait, setup_stall_1s, teardown_env),
+        cmocka_unit_test_setup_teardown(test_stall_warn_off, setup_stall_off, teardown_env),
         cmocka_unit_test_setup_teardown(test_receives_posted_again, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_longest_in_flight_counted, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_slot_reused_after_its_completion, setup_one,
