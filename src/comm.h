@@ -74,6 +74,9 @@ struct erdma_request {
 /* One connection end: what conn.c sets up and p2p.c uses. The fields each message reads or
  * writes come first, together: under emulation a message's cost follows the cache lines it
  * touches more than its instructions (bench/README.md). */
+/* A peer's "a.b.c.d:port" (the out-of-band socket is IPv4: at most 22 bytes with its NUL). */
+#define ERDMA_PEER_LEN 32
+
 struct conn {
     struct comm_base base;
     int error; /* sticky -errno once the connection is broken */
@@ -101,16 +104,19 @@ struct conn {
     struct stats_conn stats; /* registered once the connection is up; its counters first */
     /* ---- the rest: setup, health checks, teardown */
     int fd; /* out-of-band TCP, kept open to notice a dead peer */
-    char peer[64];
+    /* The stall watch (p2p.c): NCCL_ERDMA_STALL_WARN, messages moved at its last look, since
+     * when the caller has waited with none moving, when it last looked, and whether this wait
+     * was WARNed. In the 32 bytes peer[] no longer takes (it held 64): every field after
+     * them, and the data path's layout, stay where they were. */
+    uint32_t stall_warn_s;
+    char peer[ERDMA_PEER_LEN];
+    uint64_t wait_mark, wait_since_ns, wait_seen_ns;
+    bool wait_warned;
     int cq_depth;
     void *ctrl; /* registered control region (FIFO / records / ring) */
     size_t ctrl_len;
     struct ibv_mr *peer_mr; /* its head, the only part the peer may write (its key goes out) */
     uint64_t last_check_ns;
-    /* the stall watch (p2p.c): messages moved at its last look, since when the caller has
-     * waited with none moving, when it last looked, and whether this wait was WARNed */
-    uint64_t wait_mark, wait_since_ns, wait_seen_ns;
-    bool wait_warned;
     uint64_t peer_bye_ns; /* when the peer's goodbye was first seen; 0 before */
     struct ibv_wc peer_gone_wc;
     /* the device's port_downs when this connection was made (p2p.c's port_down_hint) */

@@ -94,6 +94,7 @@ int conn_alloc_common(struct conn *c, struct erdma_device *dev, int nqps, size_t
     c->fd = -1;
     clock_refresh(); /* the data path's stamps start from a fresh reading */
     c->port_downs = __atomic_load_n(&dev->port_downs, __ATOMIC_ACQUIRE);
+    c->stall_warn_s = (uint32_t)param_int(P_ERDMA_STALL_WARN);
     c->nqps = nqps;
     c->cq_depth = nqps * (conn_sq_depth(dev, true) + ERDMA_RQ_DEPTH) + 2 * ERDMA_FIFO_DEPTH;
     if (dev->max_cqe > 0 && c->cq_depth > dev->max_cqe) c->cq_depth = dev->max_cqe;
@@ -689,7 +690,7 @@ struct accept_state {
     struct recv_comm *rc;
     enum accept_stage stage;
     int fd;
-    char peer[64];
+    char peer[ERDMA_PEER_LEN];
     uint64_t deadline;
     struct wire_conn_msg msg;
     size_t io_done;

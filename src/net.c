@@ -45,9 +45,10 @@ static bool forked_mid_change; /* init_lock was held at the fork: see on_fork_ch
  * force may init its own. One forked while another thread held init_lock (in init, or in a
  * finalize releasing the devices) inherits that lock locked for ever and the devices half
  * opened or half released: it is refused every call, as a child of an initialised parent is,
- * and no call takes the lock. (Waiting for the lock in a prepare handler instead deadlocks:
- * fork holds glibc's atfork lock while the handlers run, and the finalize's dlclose of
- * libibverbs takes that lock to drop the library's handlers.) */
+ * and no call takes the lock. (A prepare handler that waited for the lock instead would hold
+ * every fork in the process, a data loader's workers, behind an init or finalize; and before
+ * glibc 2.36, which holds its atfork lock while the handlers run, it could deadlock with a
+ * library that init's dlopen loads and that registers fork handlers as it loads.) */
 static void on_fork_child(void) {
     if (pthread_mutex_trylock(&init_lock) != 0) {
         forked_mid_change = true;

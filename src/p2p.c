@@ -18,7 +18,6 @@
 #include "mr_cache.h"
 #include "net.h"
 #include "oob.h"
-#include "params.h"
 #include "prof.h"
 #include "qp.h"
 
@@ -920,26 +919,50 @@ static bool sends_in_flight(const struct send_comm *sc) {
     return false;
 }
 
+static inline volatile struct wire_cts *fifo_entry(struct send_comm *sc, uint32_t idx, int buf);
+
+/* What the peer of a comm that waited `waited` ns with nothing moving has not done. */
 static __attribute__((cold, noinline)) void stall_warn(struct conn *c, uint64_t waited) {
-    const char *dev = c->base.dev->name;
-    long every = param_int(P_ERDMA_STALL_WARN);
-    if (c->base.kind == COMM_SEND && sends_in_flight((struct send_comm *)c))
+    const struct erdma_device *d = c->base.dev;
+    unsigned every = c->stall_warn_s;
+    double s = waited / 1e9;
+    if (__atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE) == -ENETDOWN) {
+        /* our own link, not the peer: the connection fails once the down outlasts the QPs'
+         * retry window (port_down_outlasted) */
+        WARN("%s: nothing has moved with %s for %.0f s: this device's port is down (check the "
+             "link of %s); connections fail once it stays down longer than their QPs' retry "
+             "window (%.1f s)",
+             d->name, c->peer, s, device_netdev_name(d), qp_retry_window_ns() / 1e9);
+        return;
+    }
+    if (c->base.kind == COMM_RECV) {
+        WARN("%s: for %.0f s no message has arrived from %s, whose receives are posted here: "
+             "that rank has not sent (it may be waiting on another rank itself: the one whose "
+             "senders say it posted no receive holds the job). Still waiting (said once per "
+             "wait after NCCL_ERDMA_STALL_WARN=%u s; 0 never)",
+             d->name, s, c->peer, every);
+        return;
+    }
+    struct send_comm *sc = (struct send_comm *)c;
+    volatile struct wire_cts *head = fifo_entry(sc, sc->fifo_seq % ERDMA_FIFO_DEPTH, 0);
+    if (sends_in_flight(sc))
         WARN("%s: messages to %s have not been acknowledged for %.0f s: its NIC or the network "
              "between does not deliver them (the QPs retry for %.1f s, NCCL_IB_TIMEOUT and "
              "NCCL_IB_RETRY_CNT, then fail); check the link and that node",
-             dev, c->peer, waited / 1e9, qp_retry_window_ns() / 1e9);
-    else if (c->base.kind == COMM_SEND)
+             d->name, c->peer, s, qp_retry_window_ns() / 1e9);
+    else if (head->seq == sc->fifo_seq + 1)
+        WARN("%s: for %.0f s the next receive %s posted (tag %d, %u buffer(s)) has matched none "
+             "of our sends: the two ranks disagree on the operation (collectives called in "
+             "another order, or a mismatched send/recv). Still waiting (said once per wait "
+             "after NCCL_ERDMA_STALL_WARN=%u s; 0 never)",
+             d->name, s, c->peer, (int)head->tag, (unsigned)head->nreqs, every);
+    else
         WARN("%s: for %.0f s the peer %s has posted no receive for our sends: that rank has not "
              "reached this operation (hung, still busy elsewhere, or calling collectives in "
-             "another order); it is the rank the others wait for. Still waiting (said once per "
-             "wait after NCCL_ERDMA_STALL_WARN=%ld s; 0 never)",
-             dev, waited / 1e9, c->peer, every);
-    else
-        WARN("%s: for %.0f s no message has arrived from %s, whose receives are posted here: "
-             "that rank has not sent (it may be waiting on another rank itself: the one whose "
-             "senders say it posted no receive holds the job). Still waiting (said once per wait "
-             "after NCCL_ERDMA_STALL_WARN=%ld s; 0 never)",
-             dev, waited / 1e9, c->peer, every);
+             "another order; or, with NCCL_ERDMA_CTS_BATCH above 1 there, it holds its "
+             "clear-to-sends); it is the rank the others wait for. Still waiting (said once per "
+             "wait after NCCL_ERDMA_STALL_WARN=%u s; 0 never)",
+             d->name, s, c->peer, every);
 }
 
 /* A caller that keeps waiting on this comm (an isend that finds no receive to match, a test
@@ -961,8 +984,8 @@ static void stall_watch(struct conn *c, uint64_t t) {
         c->wait_warned = false;
         return;
     }
-    long limit = param_int(P_ERDMA_STALL_WARN);
-    if (c->wait_warned || limit == 0 || t - c->wait_since_ns < (uint64_t)limit * 1000000000ull)
+    if (c->wait_warned || c->stall_warn_s == 0 ||
+        t - c->wait_since_ns < (uint64_t)c->stall_warn_s * 1000000000ull)
         return;
     c->wait_warned = true;
     stall_warn(c, t - c->wait_since_ns);

@@ -1209,9 +1209,9 @@ static void test_stall_names_the_peer_once(void **state) {
     connect_pair(&p, 0, 0);
     char src[8] = "stalled", dst[8];
     void *smh = reg(p.sc, src, 8), *rmh = reg(p.rc, dst, 8);
-    spin_isend(&p, src, smh, 600);
+    spin_isend(&p, src, smh, 300);
     assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE)); /* not before the limit */
-    spin_isend(&p, src, smh, 1900);
+    spin_isend(&p, src, smh, 2200);
     assert_logged(NCCL_LOG_WARN, "fake", STALL_NO_RECEIVE, p.sc->c.peer, "NCCL_ERDMA_STALL_WARN");
     assert_int_equal(
         unit_log_count_matching(NCCL_LOG_WARN, (const char *const[]){STALL_NO_RECEIVE, NULL}), 1);
@@ -1262,9 +1262,9 @@ static void test_stall_idle_is_no_wait(void **state) {
     connect_pair(&p, 0, 0);
     char src[8] = "idle";
     void *smh = reg(p.sc, src, 8);
-    spin_isend(&p, src, smh, 600);
+    spin_isend(&p, src, smh, 700);
     usleep(5500 * 1000);           /* longer than STALL_IDLE_NS */
-    spin_isend(&p, src, smh, 700); /* 1.3 s since the first wait began, 0.7 s of this one */
+    spin_isend(&p, src, smh, 400); /* 1.1 s of waiting in all, 0.4 s of this wait */
     if (UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE)) unit_log_print();
     assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE));
     erdma_dereg_mr(p.sc, smh);
@@ -1414,6 +1414,38 @@ static void test_connection_rides_out_a_flap(void **state) {
     close_pair(&p);
 }
 
+/* The stall WARN when the peer's next receive carries a tag no send of ours matches (the two
+ * ranks disagree), and when our own port is down (the link, not the peer). */
+static void test_stall_tag_mismatch_and_port_down(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    watch_port();
+    char src[8] = "tags", dst[8];
+    void *smh = reg(p.sc, src, 8), *rmh = reg(p.rc, dst, 8);
+    void *data[1] = {dst}, *mhs[1] = {rmh}, *rreq = NULL;
+    size_t sizes[1] = {8};
+    int tags[1] = {2};
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
+    spin_isend(&p, src, smh, 1600); /* tag 1 */
+    assert_logged(NCCL_LOG_WARN, "fake0", "the next receive", p.sc->c.peer, "(tag 2,",
+                  "matched none of our sends");
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE));
+    port_event(IBV_EVENT_PORT_ERR);
+    unit_log_count = 0;
+    spin_test(rreq, 1600);
+    assert_logged(NCCL_LOG_WARN, "fake0", "nothing has moved with", "port is down",
+                  "check the link of eth9");
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_SEND));
+    port_event(IBV_EVENT_PORT_ACTIVE);
+    void *sreq = send_started(p.sc, src, 8, 2, smh);
+    assert_int_equal(wait_req(sreq, NULL), 1);
+    assert_int_equal(wait_req(rreq, NULL), 1);
+    async_stop();
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    close_pair(&p);
+}
+
 /* With NCCL_IB_TIMEOUT=12 and NCCL_IB_RETRY_CNT=1 the QPs' retry window is 4.096 us * 2^12 * 2
  * = 34 ms. */
 static int setup_short_retry(void **state) {
@@ -1460,6 +1492,8 @@ int main(void) {
                                         teardown_env),
         cmocka_unit_test_setup_teardown(test_stall_idle_is_no_wait, setup_stall_1s, teardown_env),
         cmocka_unit_test_setup_teardown(test_stall_warn_off, setup_stall_off, teardown_env),
+        cmocka_unit_test_setup_teardown(test_stall_tag_mismatch_and_port_down, setup_stall_1s,
+                                        teardown_env),
         cmocka_unit_test_setup_teardown(test_receives_posted_again, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_longest_in_flight_counted, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_slot_reused_after_its_completion, setup_one,
