@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+# file: cpack's dpkg-shlibdeps step (the .deb's libc6 dependency) needs it
 PKGS=(build-essential cmake pkg-config libcmocka-dev libibverbs-dev librdmacm-dev
       rdma-core ibverbs-providers perftest valgrind gdb iproute2 clang-format clang libclang-rt-14-dev python3
+      file
       python3-prometheus-client)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
