@@ -71,12 +71,12 @@ struct erdma_request {
     uint64_t sizes[ERDMA_MAX_RECVS];
 } __attribute__((aligned(64)));
 
-/* One connection end: what conn.c sets up and p2p.c uses. The fields each message reads or
- * writes come first, together: under emulation a message's cost follows the cache lines it
- * touches more than its instructions (bench/README.md). */
 /* A peer's "a.b.c.d:port" (the out-of-band socket is IPv4: at most 22 bytes with its NUL). */
 #define ERDMA_PEER_LEN 32
 
+/* One connection end: what conn.c sets up and p2p.c uses. The fields each message reads or
+ * writes come first, together: under emulation a message's cost follows the cache lines it
+ * touches more than its instructions (bench/README.md). */
 struct conn {
     struct comm_base base;
     int error; /* sticky -errno once the connection is broken */

@@ -912,10 +912,14 @@ static __attribute__((noinline)) int port_down_outlasted(struct conn *c, uint64_
     return -ENETDOWN;
 }
 
-/* Whether a send of ours is posted and not yet complete (acknowledged). */
+/* Whether a send of ours is posted and not yet complete (acknowledged). A matched send whose
+ * slot is not posted yet (before post_seq: its receive's other buffers are still unmatched, or
+ * the send queue is full) is no such send. */
 static bool sends_in_flight(const struct send_comm *sc) {
-    for (int i = 0; i < ERDMA_SEND_REQS; i++)
-        if (sc->reqs[i].type == REQ_SEND && !sc->reqs[i].done) return true;
+    for (int i = 0; i < ERDMA_SEND_REQS; i++) {
+        const struct erdma_request *r = &sc->reqs[i];
+        if (r->type == REQ_SEND && !r->done && (int32_t)(r->seq - sc->post_seq) < 0) return true;
+    }
     return false;
 }
 
@@ -951,11 +955,11 @@ static __attribute__((cold, noinline)) void stall_warn(struct conn *c, uint64_t 
              "NCCL_IB_RETRY_CNT, then fail); check the link and that node",
              d->name, c->peer, s, qp_retry_window_ns() / 1e9);
     else if (head->seq == sc->fifo_seq + 1)
-        WARN("%s: for %.0f s the next receive %s posted (tag %d, %u buffer(s)) has matched none "
-             "of our sends: the two ranks disagree on the operation (collectives called in "
-             "another order, or a mismatched send/recv). Still waiting (said once per wait "
-             "after NCCL_ERDMA_STALL_WARN=%u s; 0 never)",
-             d->name, s, c->peer, (int)head->tag, (unsigned)head->nreqs, every);
+        WARN("%s: for %.0f s the receive %s posted next (%u buffer(s), the first with tag %d) "
+             "has not been matched by our sends: the two ranks disagree on the operation "
+             "(collectives called in another order, or a mismatched send/recv). Still waiting "
+             "(said once per wait after NCCL_ERDMA_STALL_WARN=%u s; 0 never)",
+             d->name, s, c->peer, (unsigned)head->nreqs, (int)head->tag, every);
     else
         WARN("%s: for %.0f s the peer %s has posted no receive for our sends: that rank has not "
              "reached this operation (hung, still busy elsewhere, or calling collectives in "

@@ -1427,8 +1427,8 @@ static void test_stall_tag_mismatch_and_port_down(void **state) {
     int tags[1] = {2};
     assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
     spin_isend(&p, src, smh, 1600); /* tag 1 */
-    assert_logged(NCCL_LOG_WARN, "fake0", "the next receive", p.sc->c.peer, "(tag 2,",
-                  "matched none of our sends");
+    assert_logged(NCCL_LOG_WARN, "fake0", "the receive", p.sc->c.peer, "the first with tag 2",
+                  "has not been matched by our sends");
     assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE));
     port_event(IBV_EVENT_PORT_ERR);
     unit_log_count = 0;
@@ -1441,6 +1441,30 @@ static void test_stall_tag_mismatch_and_port_down(void **state) {
     assert_int_equal(wait_req(sreq, NULL), 1);
     assert_int_equal(wait_req(rreq, NULL), 1);
     async_stop();
+    erdma_dereg_mr(p.sc, smh);
+    erdma_dereg_mr(p.rc, rmh);
+    close_pair(&p);
+}
+
+/* A receive of two buffers of which our sends matched one: that send is not posted (it waits
+ * for the other buffer's), so the WARN is the receive not matched, not "not acknowledged". */
+static void test_stall_partial_match(void **state) {
+    struct pair p;
+    connect_pair(&p, 0, 0);
+    char src[8] = "half", dst[2][8];
+    void *smh = reg(p.sc, src, 8), *rmh = reg(p.rc, dst, sizeof(dst));
+    void *data[2] = {dst[0], dst[1]}, *mhs[2] = {rmh, rmh}, *rreq = NULL;
+    size_t sizes[2] = {8, 8};
+    int tags[2] = {1, 2};
+    assert_int_equal(erdma_irecv(p.rc, 2, data, sizes, tags, mhs, NULL, &rreq), 0);
+    void *s1 = send_started(p.sc, src, 8, 1, smh);
+    spin_isend(&p, src, smh, 1600); /* tag 1 again: buffer 0 is taken, buffer 1 wants tag 2 */
+    assert_logged(NCCL_LOG_WARN, "has not been matched by our sends", "2 buffer(s)");
+    assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_ACK));
+    void *s2 = send_started(p.sc, src, 8, 2, smh);
+    assert_int_equal(wait_req(s1, NULL), 1);
+    assert_int_equal(wait_req(s2, NULL), 1);
+    assert_int_equal(wait_req(rreq, NULL), 1);
     erdma_dereg_mr(p.sc, smh);
     erdma_dereg_mr(p.rc, rmh);
     close_pair(&p);
@@ -1494,6 +1518,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stall_warn_off, setup_stall_off, teardown_env),
         cmocka_unit_test_setup_teardown(test_stall_tag_mismatch_and_port_down, setup_stall_1s,
                                         teardown_env),
+        cmocka_unit_test_setup_teardown(test_stall_partial_match, setup_stall_1s, teardown_env),
         cmocka_unit_test_setup_teardown(test_receives_posted_again, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_longest_in_flight_counted, setup_one, teardown_env),
         cmocka_unit_test_setup_teardown(test_slot_reused_after_its_completion, setup_one,
