@@ -930,9 +930,17 @@ static __attribute__((cold, noinline)) void stall_warn(struct conn *c, uint64_t 
     const struct erdma_device *d = c->base.dev;
     unsigned every = c->stall_warn_s;
     double s = waited / 1e9;
-    if (__atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE) == -ENETDOWN) {
-        /* our own link, not the peer: the connection fails once the down outlasts the QPs'
-         * retry window (port_down_outlasted) */
+    bool down = __atomic_load_n(&d->fatal, __ATOMIC_ACQUIRE) == -ENETDOWN;
+    char also[160] = "";
+    if (down)
+        snprintf(also, sizeof(also),
+                 " This device's port went down during the wait too: check "
+                 "the link of %s.",
+                 device_netdev_name(d));
+    if (down && __atomic_load_n(&d->port_down_ns, __ATOMIC_ACQUIRE) <= c->wait_since_ns) {
+        /* our own link, down since before the wait began: not the peer. The connection fails
+         * once the down outlasts the QPs' retry window (port_down_outlasted). A down that came
+         * during the wait is only the latest news: the peer's text below, which says it too. */
         WARN("%s: nothing has moved with %s for %.0f s: this device's port is down (check the "
              "link of %s); connections fail once it stays down longer than their QPs' retry "
              "window (%.1f s)",
@@ -943,30 +951,37 @@ static __attribute__((cold, noinline)) void stall_warn(struct conn *c, uint64_t 
         WARN("%s: for %.0f s no message has arrived from %s, whose receives are posted here: "
              "that rank has not sent (it may be waiting on another rank itself: the one whose "
              "senders say it posted no receive holds the job). Still waiting (said once per "
-             "wait after NCCL_ERDMA_STALL_WARN=%u s; 0 never)",
-             d->name, s, c->peer, every);
+             "wait after NCCL_ERDMA_STALL_WARN=%u s; 0 never).%s",
+             d->name, s, c->peer, every, also);
         return;
     }
     struct send_comm *sc = (struct send_comm *)c;
-    volatile struct wire_cts *head = fifo_entry(sc, sc->fifo_seq % ERDMA_FIFO_DEPTH, 0);
+    uint32_t idx = sc->fifo_seq % ERDMA_FIFO_DEPTH;
+    volatile struct wire_cts *head = fifo_entry(sc, idx, 0);
+    const struct send_slot *slot = &sc->slots[idx];
+    int n = head->nreqs, matched = slot->seq == sc->fifo_seq ? slot->matched : 0, open = 0;
+    if (n > ERDMA_MAX_RECVS) n = ERDMA_MAX_RECVS; /* the peer writes it: a text's bound only */
+    while (open < n && matched > 0 && slot->sends[open].req)
+        open++; /* the first buffer no send of ours has taken */
+    if (open >= n) open = 0;
     if (sends_in_flight(sc))
         WARN("%s: messages to %s have not been acknowledged for %.0f s: its NIC or the network "
              "between does not deliver them (the QPs retry for %.1f s, NCCL_IB_TIMEOUT and "
-             "NCCL_IB_RETRY_CNT, then fail); check the link and that node",
-             d->name, c->peer, s, qp_retry_window_ns() / 1e9);
+             "NCCL_IB_RETRY_CNT, then fail); check the link and that node.%s",
+             d->name, c->peer, s, qp_retry_window_ns() / 1e9, also);
     else if (head->seq == sc->fifo_seq + 1)
-        WARN("%s: for %.0f s the receive %s posted next (%u buffer(s), the first with tag %d) "
-             "has not been matched by our sends: the two ranks disagree on the operation "
+        WARN("%s: for %.0f s the receive %s posted next (%d buffer(s), %d matched) waits for a "
+             "send with tag %d that we do not make: the two ranks disagree on the operation "
              "(collectives called in another order, or a mismatched send/recv). Still waiting "
-             "(said once per wait after NCCL_ERDMA_STALL_WARN=%u s; 0 never)",
-             d->name, s, c->peer, (unsigned)head->nreqs, (int)head->tag, every);
+             "(said once per wait after NCCL_ERDMA_STALL_WARN=%u s; 0 never).%s",
+             d->name, s, c->peer, n, matched, (int)fifo_entry(sc, idx, open)->tag, every, also);
     else
         WARN("%s: for %.0f s the peer %s has posted no receive for our sends: that rank has not "
              "reached this operation (hung, still busy elsewhere, or calling collectives in "
              "another order; or, with NCCL_ERDMA_CTS_BATCH above 1 there, it holds its "
              "clear-to-sends); it is the rank the others wait for. Still waiting (said once per "
-             "wait after NCCL_ERDMA_STALL_WARN=%u s; 0 never)",
-             d->name, s, c->peer, every);
+             "wait after NCCL_ERDMA_STALL_WARN=%u s; 0 never).%s",
+             d->name, s, c->peer, every, also);
 }
 
 /* A caller that keeps waiting on this comm (an isend that finds no receive to match, a test

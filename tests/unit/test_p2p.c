@@ -1427,17 +1427,29 @@ static void test_stall_tag_mismatch_and_port_down(void **state) {
     int tags[1] = {2};
     assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
     spin_isend(&p, src, smh, 1600); /* tag 1 */
-    assert_logged(NCCL_LOG_WARN, "fake0", "the receive", p.sc->c.peer, "the first with tag 2",
-                  "has not been matched by our sends");
+    assert_logged(NCCL_LOG_WARN, "fake0", "the receive", p.sc->c.peer,
+                  "(1 buffer(s), 0 matched) waits for a send with tag 2");
     assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_RECEIVE));
+    /* our port goes down during the receiver's wait: the peer's text, and the link too */
+    spin_test(rreq, 300);
     port_event(IBV_EVENT_PORT_ERR);
+    unit_log_count = 0;
+    spin_test(rreq, 1400);
+    assert_logged(NCCL_LOG_WARN, "fake0", STALL_NO_SEND, "went down during the wait too", "eth9");
+    port_event(IBV_EVENT_PORT_ACTIVE);
+    void *sreq = send_started(p.sc, src, 8, 2, smh);
+    assert_int_equal(wait_req(sreq, NULL), 1);
+    assert_int_equal(wait_req(rreq, NULL), 1);
+    /* down before the wait began: our link, not the peer */
+    port_event(IBV_EVENT_PORT_ERR);
+    assert_int_equal(erdma_irecv(p.rc, 1, data, sizes, tags, mhs, NULL, &rreq), 0);
     unit_log_count = 0;
     spin_test(rreq, 1600);
     assert_logged(NCCL_LOG_WARN, "fake0", "nothing has moved with", "port is down",
                   "check the link of eth9");
     assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_SEND));
     port_event(IBV_EVENT_PORT_ACTIVE);
-    void *sreq = send_started(p.sc, src, 8, 2, smh);
+    sreq = send_started(p.sc, src, 8, 2, smh);
     assert_int_equal(wait_req(sreq, NULL), 1);
     assert_int_equal(wait_req(rreq, NULL), 1);
     async_stop();
@@ -1459,7 +1471,7 @@ static void test_stall_partial_match(void **state) {
     assert_int_equal(erdma_irecv(p.rc, 2, data, sizes, tags, mhs, NULL, &rreq), 0);
     void *s1 = send_started(p.sc, src, 8, 1, smh);
     spin_isend(&p, src, smh, 1600); /* tag 1 again: buffer 0 is taken, buffer 1 wants tag 2 */
-    assert_logged(NCCL_LOG_WARN, "has not been matched by our sends", "2 buffer(s)");
+    assert_logged(NCCL_LOG_WARN, "(2 buffer(s), 1 matched) waits for a send with tag 2");
     assert_false(UNIT_LOG_HAS(NCCL_LOG_WARN, STALL_NO_ACK));
     void *s2 = send_started(p.sc, src, 8, 2, smh);
     assert_int_equal(wait_req(s1, NULL), 1);
