@@ -24,9 +24,13 @@ bool mtu_is_ll128_safe(long mtu) {
 
 /*
  * NCCL_PROTO is a comma list of LL, LL128, Simple (case-insensitive); a leading
- * '^' turns it into an exclusion list. A per-collective form ("allreduce:...")
- * is not understood here, so it counts as "LL128 may be used": a false alarm
- * is cheaper than silent corruption.
+ * '^' turns it into an exclusion list. NCCL splits it on commas only and compares
+ * each piece whole (graph/tuning.cc parseList): " LL128" is no LL128 (NCCL up to
+ * 2.26 ignores it, later ones fail init on it), so "^LL, LL128" excludes nothing
+ * and "Simple, LL128" allows no LL128. Read the same way here: splitting on blanks
+ * too called "^LL, LL128" safe while NCCL ran LL128. A per-collective form
+ * ("allreduce:...") is not understood here, so it counts as "LL128 may be used":
+ * a false alarm is cheaper than silent corruption.
  */
 bool nccl_proto_excludes_ll128(const char *proto) {
     if (!proto || !*proto || strchr(proto, ':') || strchr(proto, ';')) return false;
@@ -36,7 +40,7 @@ bool nccl_proto_excludes_ll128(const char *proto) {
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", proto);
     char *save = NULL;
-    for (char *tok = strtok_r(buf, ", \t", &save); tok; tok = strtok_r(NULL, ", \t", &save))
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
         if (!strcasecmp(tok, "LL128")) listed = true;
     return exclude ? listed : !listed;
 }

@@ -111,8 +111,10 @@ mtu)
     expect fail-9000 1 "[FAIL] mtu eth1: MTU 9000 (device erdma_1)" -- --only mtu $(tree node-fail)
     NCCL_PROTO=LL128,Simple expect fail-proto-allows 1 "[FAIL] mtu eth0: MTU 1500" -- --only mtu $(tree node-warn)
     NCCL_PROTO=^LL expect fail-proto-excludes-other 1 "[FAIL] mtu eth0: MTU 1500" -- --only mtu $(tree node-warn)
-    # split and compared as the plugin's guard does (src/mtu_guard.c: commas and blanks, any case)
-    NCCL_PROTO="Simple, LL128" expect fail-proto-blank-separated 1 "[FAIL] mtu eth0: MTU 1500" -- --only mtu $(tree node-warn)
+    # split and compared as NCCL and the plugin's guard do (src/mtu_guard.c: commas only,
+    # whole pieces, any case)
+    NCCL_PROTO="^LL, LL128" expect fail-proto-blank-is-no-ll128 1 "[FAIL] mtu eth0: MTU 1500" -- --only mtu $(tree node-warn)
+    NCCL_PROTO="Simple, LL128" expect warn-proto-blank-allows-none 0 "LL128 is excluded by NCCL_PROTO=Simple, LL128" -- --only mtu $(tree node-warn)
     NCCL_ERDMA_MTU_GUARD=DISABLE-LL128 expect warn-guard-any-case 0 "LL128 is excluded by NCCL_ERDMA_MTU_GUARD=DISABLE-LL128" -- --only mtu $(tree node-warn)
     ;;
 memlock)

@@ -79,6 +79,10 @@ static void test_proto_parsing(void **state) {
     assert_false(nccl_proto_excludes_ll128("^LL"));
     assert_false(nccl_proto_excludes_ll128("LL128"));
     assert_false(nccl_proto_excludes_ll128("simple,LL128"));
+    /* split on commas only and compared whole, as NCCL's parseList: " LL128" is no LL128 */
+    assert_false(nccl_proto_excludes_ll128("^LL, LL128"));
+    assert_false(nccl_proto_excludes_ll128("^LL128 "));
+    assert_true(nccl_proto_excludes_ll128("Simple, LL128"));
     /* per-collective syntax is not understood: assume LL128 may run */
     assert_false(nccl_proto_excludes_ll128("allreduce:simple"));
 }
