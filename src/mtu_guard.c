@@ -25,8 +25,8 @@ bool mtu_is_ll128_safe(long mtu) {
 /*
  * NCCL_PROTO is a comma list of LL, LL128, Simple (case-insensitive); a leading
  * '^' turns it into an exclusion list. NCCL splits it on commas only and compares
- * each piece whole (graph/tuning.cc parseList): " LL128" is no LL128 (NCCL up to
- * 2.26 ignores it, later ones fail init on it), so "^LL, LL128" excludes nothing
+ * each piece whole (graph/tuning.cc parseList): " LL128" is no LL128 (NCCL 2.21
+ * ignores it, 2.27 and 2.30 fail init on it), so "^LL, LL128" excludes nothing
  * and "Simple, LL128" allows no LL128. Read the same way here: splitting on blanks
  * too called "^LL, LL128" safe while NCCL ran LL128. A per-collective form
  * ("allreduce:...") is not understood here, so it counts as "LL128 may be used":
