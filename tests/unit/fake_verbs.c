@@ -130,7 +130,44 @@ static struct ibv_context *f_open_device(struct ibv_device *d) {
     return &c->ctx;
 }
 
+/* fake_call_gate: the next reg_mr of gate_addr, or close_device of the context at gate_addr,
+ * waits until the gate opens, as a large registration (pinning gigabytes) holds its caller,
+ * or as a test holds a finalize inside the device's release. */
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+static const void *gate_addr;
+static bool gate_closed, gate_waiting;
+
+void fake_call_gate(const void *addr) {
+    pthread_mutex_lock(&gate_lock);
+    gate_addr = addr;
+    gate_closed = addr != NULL;
+    gate_waiting = false;
+    pthread_cond_broadcast(&gate_cond);
+    pthread_mutex_unlock(&gate_lock);
+}
+
+bool fake_call_gate_waiting(void) {
+    pthread_mutex_lock(&gate_lock);
+    bool w = gate_waiting;
+    pthread_mutex_unlock(&gate_lock);
+    return w;
+}
+
+static void gate_pass(const void *addr) {
+    pthread_mutex_lock(&gate_lock);
+    if (gate_closed && addr == gate_addr) {
+        gate_addr = NULL; /* the next call with it passes */
+        gate_waiting = true;
+        while (gate_closed)
+            pthread_cond_wait(&gate_cond, &gate_lock);
+        gate_waiting = false;
+    }
+    pthread_mutex_unlock(&gate_lock);
+}
+
 static int f_close_device(struct ibv_context *ctx) {
+    gate_pass(ctx);
     struct fake_ctx *c = (struct fake_ctx *)ctx;
     close(c->ctx.async_fd);
     if (c->pipe_wr >= 0) close(c->pipe_wr);
@@ -183,41 +220,6 @@ static int f_dealloc_pd(struct ibv_pd *pd) {
 }
 
 /* ---------------------------------------------------------------- memory */
-/* fake_reg_mr_gate: the next registration of gate_addr waits until the gate opens, as a
- * large registration (pinning gigabytes) holds its caller. */
-static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
-static const void *gate_addr;
-static bool gate_closed, gate_waiting;
-
-void fake_reg_mr_gate(const void *addr) {
-    pthread_mutex_lock(&gate_lock);
-    gate_addr = addr;
-    gate_closed = addr != NULL;
-    gate_waiting = false;
-    pthread_cond_broadcast(&gate_cond);
-    pthread_mutex_unlock(&gate_lock);
-}
-
-bool fake_reg_mr_gate_waiting(void) {
-    pthread_mutex_lock(&gate_lock);
-    bool w = gate_waiting;
-    pthread_mutex_unlock(&gate_lock);
-    return w;
-}
-
-static void gate_pass(const void *addr) {
-    pthread_mutex_lock(&gate_lock);
-    if (gate_closed && addr == gate_addr) {
-        gate_addr = NULL; /* the next registration of it passes */
-        gate_waiting = true;
-        while (gate_closed)
-            pthread_cond_wait(&gate_cond, &gate_lock);
-        gate_waiting = false;
-    }
-    pthread_mutex_unlock(&gate_lock);
-}
-
 static struct ibv_mr *f_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
     gate_pass(addr);
     if (fail_next_reg) {

@@ -87,10 +87,11 @@ unsigned fake_async_acked(void);
 /* Makes device dev's async fd poll as failed for good (POLLHUP here; a removed device's
  * uverbs fd reports POLLERR), as when the device goes away. */
 void fake_async_channel_fails(int dev);
-/* The next reg_mr of addr waits until fake_reg_mr_gate(NULL) opens the gate (a registration
- * that pins a large buffer holds its caller); whether one is waiting there now. */
-void fake_reg_mr_gate(const void *addr);
-bool fake_reg_mr_gate_waiting(void);
+/* The next reg_mr of addr, or close_device of the context at addr, waits until
+ * fake_call_gate(NULL) opens the gate (a registration that pins a large buffer holds its
+ * caller); whether a call is waiting there now. */
+void fake_call_gate(const void *addr);
+bool fake_call_gate_waiting(void);
 /* Next reg_mr fails with this errno (0: none), as a pinning the kernel refuses. */
 void fake_fail_next_reg(int err);
 /* Next post_send on any QP fails with this errno (0: none). */

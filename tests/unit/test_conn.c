@@ -15,7 +15,6 @@
 #include "reap.h"
 #include "sysfs.h"
 #include "unit_log.h"
-#include "verbs.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -450,21 +449,6 @@ static void test_failed_listen_keeps_object_count(void **state) {
 /* A fork while another thread's finalize releases the devices (holding init_lock): the child
  * inherits the lock locked for ever, and its init (set_net_version, then init, as every table's
  * init calls them) waited on it for ever. It must refuse at once, saying why. */
-static pthread_mutex_t close_gate_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t close_gate_cond = PTHREAD_COND_INITIALIZER;
-static bool close_gate_entered, close_gate_open;
-static int (*real_close_device)(struct ibv_context *ctx);
-
-static int gated_close_device(struct ibv_context *ctx) {
-    pthread_mutex_lock(&close_gate_lock);
-    close_gate_entered = true;
-    pthread_cond_broadcast(&close_gate_cond);
-    while (!close_gate_open)
-        pthread_cond_wait(&close_gate_cond, &close_gate_lock);
-    pthread_mutex_unlock(&close_gate_lock);
-    return real_close_device(ctx);
-}
-
 static void *finalize_thread(void *arg) {
     erdma_finalize();
     return NULL;
@@ -484,26 +468,20 @@ static void test_fork_during_finalize_refuses_not_hangs(void **state) {
         unsetenv(param_name(id));
     sysfs_set_root("/nonexistent-erdma-fake-sysfs");
     fake_verbs_install(1, NULL);
-    real_close_device = vb.close_device;
-    vb.close_device = gated_close_device;
-    close_gate_entered = close_gate_open = false;
     unit_log_start();
     assert_int_equal(erdma_init(unit_log_sink, NULL), 0);
+    fake_call_gate(device_get(0)->ctx); /* its close_device waits: the finalize holds there */
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, finalize_thread, NULL), 0);
-    pthread_mutex_lock(&close_gate_lock);
-    while (!close_gate_entered)
-        pthread_cond_wait(&close_gate_cond, &close_gate_lock);
-    pthread_mutex_unlock(&close_gate_lock);
+    for (int i = 0; i < 5000 && !fake_call_gate_waiting(); i++)
+        usleep(1000);
+    assert_true(fake_call_gate_waiting());
 
     pid_t pid = fork(); /* the finalize holds init_lock, inside close_device */
     if (pid == 0) _exit(child_init_after_fork());
     int status = 0;
     pid_t w = pid > 0 ? fake_wait_child(pid, 10, &status) : -1;
-    pthread_mutex_lock(&close_gate_lock);
-    close_gate_open = true;
-    pthread_cond_broadcast(&close_gate_cond);
-    pthread_mutex_unlock(&close_gate_lock);
+    fake_call_gate(NULL);
     pthread_join(t, NULL);
     assert_int_equal(devices_count(), 0);
     sysfs_set_root(NULL);

@@ -136,16 +136,16 @@ static void test_slow_registration_holds_only_its_caller(void **state) {
     char *slow = aligned_alloc(4096, 4096), *quick = aligned_alloc(4096, 4096);
     struct reg_job a = {.buf = slow, .len = 4096}, b = {.buf = quick, .len = 4096};
     pthread_t ta, tb;
-    fake_reg_mr_gate(slow);
+    fake_call_gate(slow);
     assert_int_equal(pthread_create(&ta, NULL, reg_main, &a), 0);
-    for (int i = 0; i < 5000 && !fake_reg_mr_gate_waiting(); i++)
+    for (int i = 0; i < 5000 && !fake_call_gate_waiting(); i++)
         usleep(1000);
-    assert_true(fake_reg_mr_gate_waiting());
+    assert_true(fake_call_gate_waiting());
     assert_int_equal(pthread_create(&tb, NULL, reg_main, &b), 0);
     bool quick_done = wait_done(&b.done); /* while a's registration is still held */
     struct reg_job c = {.buf = slow, .len = 4096};
     bool same_done = quick_done && (reg_main(&c), c.done); /* the same range, meanwhile */
-    fake_reg_mr_gate(NULL);
+    fake_call_gate(NULL);
     assert_int_equal(pthread_join(ta, NULL), 0);
     assert_int_equal(pthread_join(tb, NULL), 0);
     assert_true(quick_done);
